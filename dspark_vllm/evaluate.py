@@ -1,0 +1,180 @@
+"""`dspark eval-acceptance`: target + drafter with the reference implementation.
+
+Each round: the drafter proposes gamma tokens after the anchor (the last emitted token);
+the target scores [anchor, drafts] in one pass; exact speculative sampling accepts a
+prefix and emits one more token (correction or bonus). τ = tokens emitted per round.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+
+import torch
+
+from .datasets import encode_chat, load_eval_set
+from .drafter.drafting import propose
+from .spec_sampling import speculative_sample, target_probs
+
+
+@dataclass
+class EvalConfig:
+    drafter: str
+    target: str = "default"
+    data: str = "gsm8k"
+    temperature: float = 0.0
+    max_new_tokens: int = 128
+    limit: int | None = None
+    per_category: int | None = None
+    block_size: int | None = None
+    seed: int = 0
+    dtype: str = "float32"
+
+
+def target_features(hidden_states: tuple[torch.Tensor, ...], layer_ids: list[int]) -> torch.Tensor:
+    """Concatenate the outputs of `layer_ids` (HF hidden_states[i + 1])."""
+    return torch.cat([hidden_states[i + 1] for i in layer_ids], dim=-1)
+
+
+class SpecDecoder:
+    """One prompt at a time: greedy (temperature 0) or sampled exact speculative decoding."""
+
+    def __init__(self, target, drafter, eos_ids: set[int], temperature: float, block: int,
+                 generator: torch.Generator) -> None:
+        self.target, self.drafter, self.eos = target, drafter, eos_ids
+        self.t, self.block, self.gen = temperature, block, generator
+        self.layer_ids = drafter.cfg.target_layer_ids
+
+    def _sample(self, probs: torch.Tensor) -> torch.Tensor:
+        return torch.multinomial(probs, 1, generator=self.gen).squeeze(-1)
+
+    @torch.no_grad()
+    def generate(self, prompt_ids: list[int], max_new_tokens: int) -> dict:
+        from transformers import DynamicCache
+
+        cache = DynamicCache()
+        ids = torch.tensor([prompt_ids])
+        out = self.target(ids, past_key_values=cache, output_hidden_states=True, use_cache=True)
+        feats = target_features(out.hidden_states, self.layer_ids)  # [1, T, F]
+        anchor = self._sample(target_probs(out.logits[0, -1:], self.t))  # [1]
+        emitted = [int(anchor)]
+        rounds, accepted_at, reached_at = 0, [0] * self.block, [0] * self.block
+        while len(emitted) < max_new_tokens and emitted[-1] not in self.eos:
+            t_len = feats.shape[1]
+            draft = propose(self.drafter, feats, anchor, self.t, self.gen, num_slots=self.block)
+            block = torch.cat([anchor[:, None], draft.tokens], 1)  # [1, 1 + g]
+            out = self.target(block, past_key_values=cache, output_hidden_states=True,
+                              use_cache=True)
+            p = target_probs(out.logits[0], self.t)[None]  # [1, g + 1, V]
+            q = self.drafter.to_target_probs(draft.probs)  # [1, g, V]
+            n_acc, nxt = speculative_sample(p, q, draft.tokens, generator=self.gen)
+            n = int(n_acc)
+            for k in range(min(n + 1, self.block)):
+                reached_at[k] += 1
+                accepted_at[k] += k < n
+            rounds += 1
+            # Keep the target's state for the anchor and the accepted drafts only.
+            if n < draft.tokens.shape[1]:
+                cache.crop(-(draft.tokens.shape[1] - n))
+            feats = torch.cat([feats, target_features(out.hidden_states, self.layer_ids)[:, :1 + n]], 1)
+            new = draft.tokens[0, :n].tolist() + [int(nxt)]
+            for tok in new:  # stop exactly at EOS / the token budget, like a server would
+                if len(emitted) >= max_new_tokens or emitted[-1] in self.eos:
+                    break
+                emitted.append(tok)
+            anchor = nxt.view(1)
+        return {"tokens": emitted, "rounds": rounds, "accepted_at": accepted_at,
+                "reached_at": reached_at}
+
+
+def _random_drafter(target):
+    from .drafter.config import drafter_config_for_target
+    from .drafter.model import DSparkDrafter
+
+    torch.manual_seed(0)
+    cfg = drafter_config_for_target(target.config, mask_token_id=0)
+    emb = target.get_input_embeddings().weight
+    return DSparkDrafter(cfg, emb, target.get_output_embeddings().weight).eval()
+
+
+def load_pair(target_path: str, drafter_path: str, dtype: torch.dtype = torch.float32):
+    from .drafter.checkpoint import load_drafter
+    from .target import load_target
+
+    target, tok = load_target(target_path, dtype=dtype)
+    if drafter_path == "random":
+        drafter = _random_drafter(target).to(dtype)
+    else:
+        drafter = load_drafter(drafter_path, target.get_input_embeddings().weight,
+                               target.get_output_embeddings().weight,
+                               target_num_layers=target.config.num_hidden_layers, dtype=dtype)
+    return target, tok, drafter.eval()
+
+
+def evaluate(cfg: EvalConfig) -> dict:
+    from tqdm import tqdm
+
+    dtype = getattr(torch, cfg.dtype)
+    target, tok, drafter = load_pair(cfg.target, cfg.drafter, dtype)
+    block = cfg.block_size or drafter.cfg.block_size
+    if not 1 <= block <= drafter.cfg.block_size:
+        raise ValueError(f"--block-size {block}: must be in 1..{drafter.cfg.block_size} "
+                         "(the drafter's trained block)")
+    prompts = load_eval_set(cfg.data, limit=cfg.limit, per_category=cfg.per_category, seed=cfg.seed)
+    gen_eos = getattr(target.generation_config, "eos_token_id", None)
+    eos = {tok.eos_token_id} | set(gen_eos if isinstance(gen_eos, list) else [gen_eos])
+    gen = torch.Generator().manual_seed(cfg.seed)
+    dec = SpecDecoder(target, drafter, {e for e in eos if e is not None}, cfg.temperature,
+                      block, gen)
+    cats: dict[str, dict] = {}
+    t0 = time.time()
+    for p in tqdm(prompts, desc="eval-acceptance", unit="prompt"):
+        r = dec.generate(encode_chat(tok, p["messages"]), cfg.max_new_tokens)
+        c = cats.setdefault(p["category"], {"prompts": 0, "rounds": 0, "tokens": 0,
+                                            "accepted_at": [0] * block, "reached_at": [0] * block})
+        c["prompts"] += 1
+        c["rounds"] += r["rounds"]
+        c["tokens"] += len(r["tokens"])
+        c["accepted_at"] = [a + b for a, b in zip(c["accepted_at"], r["accepted_at"])]
+        c["reached_at"] = [a + b for a, b in zip(c["reached_at"], r["reached_at"])]
+    return summarize(cats, cfg, time.time() - t0, block)
+
+
+def _tau(c: dict) -> float:
+    # Tokens per round = accepted drafts + 1, from the raw counters (truncation at EOS or
+    # the budget does not lower it).
+    return 1.0 + sum(c["accepted_at"]) / max(c["rounds"], 1)
+
+
+def summarize(cats: dict, cfg: EvalConfig, wall: float, block: int) -> dict:
+    per_cat = {}
+    for name, c in sorted(cats.items()):
+        per_cat[name] = {
+            "tau": _tau(c), "prompts": c["prompts"], "rounds": c["rounds"],
+            "accept_rate": [a / r if r else None for a, r in zip(c["accepted_at"], c["reached_at"])],
+        }
+    total = {"rounds": sum(c["rounds"] for c in cats.values()),
+             "accepted_at": [sum(c["accepted_at"][k] for c in cats.values()) for k in range(block)],
+             "reached_at": [sum(c["reached_at"][k] for c in cats.values()) for k in range(block)]}
+    return {
+        "config": asdict(cfg),
+        "block": block,
+        "tau": _tau(total),
+        "tau_macro": sum(v["tau"] for v in per_cat.values()) / max(len(per_cat), 1),
+        "accept_rate": [a / r if r else None for a, r in zip(total["accepted_at"], total["reached_at"])],
+        "per_category": per_cat,
+        "wall_seconds": wall,
+        "tokens_generated": sum(c["tokens"] for c in cats.values()),
+    }
+
+
+def format_report(r: dict) -> str:
+    lines = [f"tau {r['tau']:.3f} (macro over {len(r['per_category'])} categories "
+             f"{r['tau_macro']:.3f}), block {r['block']}, temperature "
+             f"{r['config']['temperature']}, {r['wall_seconds']:.0f}s, "
+             f"{r['tokens_generated']} tokens"]
+    rate = " ".join("-" if a is None else f"{a:.2f}" for a in r["accept_rate"])
+    lines.append(f"per-position acceptance (conditional): {rate}")
+    for name, c in r["per_category"].items():
+        lines.append(f"  {name:16s} tau {c['tau']:.3f}  prompts {c['prompts']:4d}  rounds {c['rounds']}")
+    return "\n".join(lines)
