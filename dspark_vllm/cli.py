@@ -22,6 +22,46 @@ def _make_data(a: argparse.Namespace) -> None:
     print(make_data(cfg))
 
 
+def _build_cache(a: argparse.Namespace) -> None:
+    from .drafter.config import default_target_layer_ids
+    from .target import load_target, resolve_target
+    from .train.cache import build_cache
+
+    target = str(resolve_target(a.target))
+    layers = a.layers or default_target_layer_ids(
+        load_target(target, tokenizer=False)[0].config.num_hidden_layers, 5)
+    c = build_cache(a.data, a.out, target, layers, max_gb=a.max_gb)
+    print(f"{c.root}: {len(c)} sequences, {c.info.offsets[len(c)]} tokens, layers {layers}")
+
+
+def _train(a: argparse.Namespace) -> None:
+    from .train.recipe import VARIANTS
+    from .train.trainer import TrainConfig, train
+
+    cfg = TrainConfig(cache=a.cache, out=a.out, target=a.target, epochs=a.epochs,
+                      data_fraction=a.data_fraction, **VARIANTS[a.variant])
+    for k in ("num_layers", "markov_rank", "block_size", "lr", "batch_size", "anchors",
+              "max_steps", "draft_vocab_size"):
+        if getattr(a, k) is not None:
+            setattr(cfg, k, getattr(a, k))
+    print(train(cfg))
+
+
+def _calibrate(a: argparse.Namespace) -> None:
+    from .train.calibrate import calibrate
+
+    print(json.dumps(calibrate(a.drafter, a.cache, a.target, max_blocks=a.max_blocks), indent=2))
+
+
+def _recipe(a: argparse.Namespace) -> None:
+    from .train.recipe import RecipeConfig, run_recipe
+
+    cfg = RecipeConfig(out=a.out, target=a.target, variants=tuple(a.variants.split(",")),
+                       num_prompts=a.num_prompts, epochs=a.epochs, quick=a.quick,
+                       data_fractions=tuple(float(x) for x in a.data_fractions.split(",")))
+    print(json.dumps(run_recipe(cfg), indent=2))
+
+
 def _eval_acceptance(a: argparse.Namespace) -> None:
     from .evaluate import EvalConfig, evaluate, format_report
 
@@ -52,6 +92,45 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--shard-size", type=int, default=384)
     s.add_argument("--seed", type=int, default=0)
     s.set_defaults(fn=_make_data)
+
+    s = sub.add_parser("build-cache", help="run the target once over make-data output")
+    s.add_argument("--data", required=True)
+    s.add_argument("--out", required=True)
+    s.add_argument("--target", default="default")
+    s.add_argument("--layers", type=lambda x: [int(i) for i in x.split(",")], default=None)
+    s.add_argument("--max-gb", type=float, default=9.5)
+    s.set_defaults(fn=_build_cache)
+
+    s = sub.add_parser("train", help="distil a drafter from a feature cache")
+    s.add_argument("--cache", required=True)
+    s.add_argument("--out", required=True)
+    s.add_argument("--target", default="default")
+    s.add_argument("--variant", default="dspark-2l",
+                   choices=["dspark-2l", "parallel-2l", "parallel-5l"])
+    s.add_argument("--epochs", type=float, default=4.0)
+    s.add_argument("--data-fraction", type=float, default=1.0)
+    for k, t in (("num-layers", int), ("markov-rank", int), ("block-size", int), ("lr", float),
+                 ("batch-size", int), ("anchors", int), ("max-steps", int),
+                 ("draft-vocab-size", int)):
+        s.add_argument(f"--{k}", type=t, default=None)
+    s.set_defaults(fn=_train)
+
+    s = sub.add_parser("calibrate", help="Sequential Temperature Scaling of the confidence head")
+    s.add_argument("--drafter", required=True)
+    s.add_argument("--cache", required=True)
+    s.add_argument("--target", default="default")
+    s.add_argument("--max-blocks", type=int, default=4000)
+    s.set_defaults(fn=_calibrate)
+
+    s = sub.add_parser("recipe", help="make-data + cache + train + calibrate, resumable")
+    s.add_argument("--out", required=True)
+    s.add_argument("--target", default="default")
+    s.add_argument("--variants", default="dspark-2l")
+    s.add_argument("--data-fractions", default="1.0")
+    s.add_argument("--num-prompts", type=int, default=4500)
+    s.add_argument("--epochs", type=float, default=4.0)
+    s.add_argument("--quick", action="store_true", help="minutes-sized run (tests)")
+    s.set_defaults(fn=_recipe)
 
     s = sub.add_parser("eval-acceptance", help="offline acceptance length of a drafter")
     s.add_argument("--target", default="default")

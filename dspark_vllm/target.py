@@ -119,11 +119,11 @@ def resolve_target(path: str | Path | None) -> Path:
     return p
 
 
-def load_target(path: str | Path | None = None, dtype: torch.dtype = torch.float32):
-    """(model, tokenizer) of a Hugging Face causal LM directory."""
+def load_target(path: str | Path | None = None, dtype: torch.dtype = torch.float32,
+                tokenizer: bool = True):
+    """(model, tokenizer or None) of a Hugging Face causal LM directory."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     p = resolve_target(path)
     model = AutoModelForCausalLM.from_pretrained(p, dtype=dtype).eval()
-    tok = AutoTokenizer.from_pretrained(p)
-    return model, tok
+    return model, AutoTokenizer.from_pretrained(p) if tokenizer else None

@@ -57,6 +57,9 @@ class DSparkDrafterConfig:
     """Confidence reads [h_k ; W1[x_{k-1}]] (the paper) rather than h_k alone."""
     draft_vocab_size: int | None = None
     """Reduced output vocabulary (needs `lm_head` and a `d2t` map in the weights)."""
+    dspark_confidence_temperatures: list[float] | None = None
+    """Sequential Temperature Scaling: c_k = sigmoid(z_k / T_k), one T per position
+    (written by `dspark calibrate`; upstream vLLM ignores the key)."""
 
     def __post_init__(self) -> None:
         self.target_layer_ids = [int(i) for i in self.target_layer_ids]
@@ -91,6 +94,10 @@ class DSparkDrafterConfig:
             raise bad("target_layer_ids", "must be unique and strictly increasing")
         if not 0 <= self.mask_token_id < self.vocab_size:
             raise bad("mask_token_id", f"must be a token id in [0, {self.vocab_size})")
+        temps = self.dspark_confidence_temperatures
+        if temps is not None and (len(temps) != self.block_size or min(temps) <= 0):
+            raise bad("dspark_confidence_temperatures",
+                      f"needs {self.block_size} positive temperatures (one per position)")
         if self.draft_vocab_size is not None and not \
                 0 < self.draft_vocab_size <= self.vocab_size:
             raise bad("draft_vocab_size", f"must be in (0, vocab_size={self.vocab_size}]")
@@ -137,8 +144,9 @@ class DSparkDrafterConfig:
     def to_hf_dict(self) -> dict[str, Any]:
         """config.json contents that both HF `Qwen3Config` and vLLM accept."""
         d = dataclasses.asdict(self)
-        if d["draft_vocab_size"] is None:
-            del d["draft_vocab_size"]
+        for key in ("draft_vocab_size", "dspark_confidence_temperatures"):
+            if d[key] is None:
+                del d[key]
         d.update(
             architectures=[ARCHITECTURE],
             model_type="qwen3",

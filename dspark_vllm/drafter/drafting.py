@@ -29,6 +29,7 @@ def sample_sequential(
     generator: torch.Generator | None = None,
 ) -> Draft:
     base = drafter.base_logits(h).float()  # [B, G, Vd]
+    temps = drafter.cfg.dspark_confidence_temperatures or [1.0] * h.shape[1]
     prev = anchor
     toks, dids, probs, confs = [], [], [], []
     for k in range(h.shape[1]):
@@ -45,7 +46,7 @@ def sample_sequential(
             d = torch.multinomial(q, 1, generator=generator).squeeze(-1)
         prev = drafter.draft_to_target(d)
         toks.append(prev), dids.append(d), probs.append(q)
-        confs.append(None if conf is None else torch.sigmoid(conf.float()))
+        confs.append(None if conf is None else torch.sigmoid(conf.float() / temps[k]))
     return Draft(
         tokens=torch.stack(toks, 1),
         probs=torch.stack(probs, 1),

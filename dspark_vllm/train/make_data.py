@@ -48,8 +48,8 @@ def _write_shard(path: Path, seqs: list[np.ndarray], prompt_lens: list[int], met
     tmp.rename(path)
 
 
-def read_shards(data_dir: str | Path) -> list[tuple[np.ndarray, int]]:
-    """All (tokens, prompt_len) sequences of a make-data directory, in shard order."""
+def read_shards(data_dir: str | Path) -> list[tuple[np.ndarray, int, dict]]:
+    """All (tokens, prompt_len, meta) sequences of a make-data directory, in shard order."""
     out = []
     files = sorted(Path(data_dir).glob("shard-*.npz"))
     files = [f for f in files if ".tmp" not in f.name]
@@ -58,7 +58,8 @@ def read_shards(data_dir: str | Path) -> list[tuple[np.ndarray, int]]:
     for f in files:
         z = np.load(f)
         tok, off, pl = z["tokens"], z["offsets"], z["prompt_lens"]
-        out += [(tok[off[i]:off[i + 1]], int(pl[i])) for i in range(len(pl))]
+        meta = json.loads(str(z["meta"]))
+        out += [(tok[off[i]:off[i + 1]], int(pl[i]), meta[i]) for i in range(len(pl))]
     return out
 
 

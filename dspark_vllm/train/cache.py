@@ -1,0 +1,164 @@
+"""Bounded on-disk cache of the target's features, built once and shared by every drafter.
+
+Per token it keeps (float16): the outputs of the cached target layers (the drafter's
+context), the final post-norm hidden state (to recompute target logits over any output
+vocabulary), and float32 the full-vocabulary log-sum-exp (so target probabilities over a
+reduced draft vocabulary stay exact). A DSpark drafter and the MTP-1 baseline then train
+for several epochs without running the 30-layer target again.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+log = logging.getLogger("dspark.cache")
+FP16_MAX = 65000.0
+
+
+@dataclass
+class CacheInfo:
+    target: str
+    layer_ids: list[int]
+    hidden_size: int
+    num_tokens: int
+    offsets: list[int]
+    prompt_lens: list[int]
+    temperatures: list[float]  # the sampling temperature each response was generated with
+    done: int = 0  # sequences written so far (resume point)
+
+    @property
+    def feat_size(self) -> int:
+        return self.hidden_size * len(self.layer_ids)
+
+
+class FeatureCache:
+    """Memory-mapped arrays: feats [N, L*H] f16, last [N, H] f16, lse [N] f32, tokens [N] i32."""
+
+    def __init__(self, root: str | Path, mode: str = "r") -> None:
+        self.root = Path(root)
+        self.info = CacheInfo(**json.loads((self.root / "index.json").read_text()))
+        n, i = self.info.num_tokens, self.info
+
+        def mm(name, dtype, shape):
+            return np.memmap(self.root / name, dtype=dtype, mode=mode, shape=shape)
+
+        self.feats = mm("feats.f16", np.float16, (n, i.feat_size))
+        self.last = mm("last.f16", np.float16, (n, i.hidden_size))
+        self.lse = mm("lse.f32", np.float32, (n,))
+        self.tokens = mm("tokens.i32", np.int32, (n,))
+
+    def __len__(self) -> int:
+        return self.info.done
+
+    def sequence(self, i: int) -> dict[str, torch.Tensor]:
+        a, b = self.info.offsets[i], self.info.offsets[i + 1]
+        return {
+            "tokens": torch.from_numpy(np.asarray(self.tokens[a:b], dtype=np.int64)),
+            "feats": torch.from_numpy(np.asarray(self.feats[a:b], dtype=np.float32)),
+            "last": torch.from_numpy(np.asarray(self.last[a:b], dtype=np.float32)),
+            "lse": torch.from_numpy(np.array(self.lse[a:b])),
+            "prompt_len": self.info.prompt_lens[i],
+        }
+
+    def select(self, layer_ids: list[int]) -> list[int]:
+        """Column blocks of `feats` holding `layer_ids` (a drafter may use a subset)."""
+        missing = [i for i in layer_ids if i not in self.info.layer_ids]
+        if missing:
+            raise ValueError(f"cache {self.root} holds target layers {self.info.layer_ids}; "
+                             f"the drafter needs {missing} too (rebuild with --cache-layers)")
+        return [self.info.layer_ids.index(i) for i in layer_ids]
+
+
+def build_cache(data_dir: str | Path, out: str | Path, target_path: str, layer_ids: list[int],
+                max_gb: float = 9.5, max_len: int = 768, batch_tokens: int = 4096,
+                limit: int | None = None) -> FeatureCache:
+    """Run the target over make-data sequences (resumable; stops at `max_gb`)."""
+    from tqdm import tqdm
+
+    from ..target import load_target
+    from .make_data import read_shards
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    index = out / "index.json"
+    target, _ = load_target(target_path, dtype=torch.float32, tokenizer=False)
+    h = target.config.hidden_size
+    if not index.is_file():
+        seqs = [(t[:max_len], min(p, max_len), m.get("temperature", 0.0))
+                for t, p, m in read_shards(data_dir)][:limit]
+        per_tok = 2 * h * (len(layer_ids) + 1) + 4 + 4
+        budget = int(max_gb * 2**30 / per_tok)
+        offsets, prompt_lens, temps, n = [0], [], [], 0
+        for toks, plen, temp in seqs:
+            if n + len(toks) > budget:
+                log.warning("cache budget %.1f GB reached: keeping %d of %d sequences",
+                            max_gb, len(prompt_lens), len(seqs))
+                break
+            n += len(toks)
+            offsets.append(n)
+            prompt_lens.append(plen)
+            temps.append(float(temp))
+        info = CacheInfo(target=str(target_path), layer_ids=list(layer_ids), hidden_size=h,
+                         num_tokens=n, offsets=offsets, prompt_lens=prompt_lens,
+                         temperatures=temps)
+        for name, dt, shape in (("feats.f16", np.float16, (n, info.feat_size)),
+                                ("last.f16", np.float16, (n, h)),
+                                ("lse.f32", np.float32, (n,)), ("tokens.i32", np.int32, (n,))):
+            np.memmap(out / name, dtype=dt, mode="w+", shape=shape).flush()
+        tok_mm = np.memmap(out / "tokens.i32", dtype=np.int32, mode="r+", shape=(n,))
+        for i, (toks, _, _) in enumerate(seqs[:len(prompt_lens)]):
+            tok_mm[offsets[i]:offsets[i + 1]] = toks
+        tok_mm.flush()
+        index.write_text(json.dumps(asdict(info)))
+    cache = FeatureCache(out, mode="r+")
+    info = cache.info
+    if info.layer_ids != list(layer_ids) or info.target != str(target_path):
+        raise ValueError(f"{out} was built for target {info.target} layers {info.layer_ids}")
+    n_seq = len(info.prompt_lens)
+    bar = tqdm(total=n_seq, initial=info.done, desc="feature cache", unit="seq")
+    t0, done0 = time.time(), info.done
+    i = info.done
+    while i < n_seq:
+        j, longest = i + 1, info.offsets[i + 1] - info.offsets[i]
+        while j < n_seq:  # grow the batch while the padded size stays within batch_tokens
+            longest_j = max(longest, info.offsets[j + 1] - info.offsets[j])
+            if (j - i + 1) * longest_j > batch_tokens:
+                break
+            j, longest = j + 1, longest_j
+        _encode_batch(target, cache, range(i, j), layer_ids)
+        i = j
+        info.done = i
+        cache.feats.flush(), cache.last.flush(), cache.lse.flush()
+        index.write_text(json.dumps(asdict(info)))
+        bar.update(j - bar.n)
+        bar.set_postfix(tok_s=f"{(info.offsets[i] - info.offsets[done0]) / (time.time() - t0):.0f}")
+    bar.close()
+    return FeatureCache(out)
+
+
+@torch.no_grad()
+def _encode_batch(target, cache: FeatureCache, seq_ids: range, layer_ids: list[int]) -> None:
+    offs = cache.info.offsets
+    lens = [offs[s + 1] - offs[s] for s in seq_ids]
+    ids = torch.zeros(len(lens), max(lens), dtype=torch.long)
+    for r, s in enumerate(seq_ids):
+        ids[r, :lens[r]] = torch.from_numpy(np.asarray(cache.tokens[offs[s]:offs[s + 1]], dtype=np.int64))
+    att = (torch.arange(ids.shape[1])[None] < torch.tensor(lens)[:, None]).long()
+    out = target.model(ids, attention_mask=att, output_hidden_states=True)
+    feats = torch.cat([out.hidden_states[i + 1] for i in layer_ids], -1)  # [B, T, L*H]
+    last = out.last_hidden_state  # post-norm, what the LM head reads
+    lse = torch.logsumexp(target.lm_head(last).float(), -1)  # [B, T]
+    if feats.abs().max() > FP16_MAX:
+        log.warning("target features exceed the float16 range; clamping")
+    for r, s in enumerate(seq_ids):
+        a, b, n = offs[s], offs[s + 1], lens[r]
+        cache.feats[a:b] = feats[r, :n].clamp(-FP16_MAX, FP16_MAX).numpy().astype(np.float16)
+        cache.last[a:b] = last[r, :n].numpy().astype(np.float16)
+        cache.lse[a:b] = lse[r, :n].numpy()

@@ -1,0 +1,145 @@
+"""Sequential Temperature Scaling (STS) of the confidence head (paper §3.3).
+
+The scheduler ranks slots by the survival product a_k = prod_{j<=k} c_j, so what must be
+calibrated is that product. STS fits one temperature per position, left to right:
+T_k = argmin_T ECE(a_{k-1} * sigmoid(z_k / T)) given the already fitted T_1..T_{k-1}.
+
+Greedy (temperature 0) outcomes come exactly from held-out greedy sequences in the feature
+cache: until the first miss, teacher forcing *is* the drafted chain, so draft k is accepted
+iff the drafter's argmax equals the target's token at every position up to k.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..drafter.model import DSparkDrafter, block_inputs, block_mask
+
+TEMPERATURE_GRID = np.exp(np.linspace(np.log(0.1), np.log(10.0), 121))
+ECE_BINS = 10
+
+
+def ece(pred: np.ndarray, outcome: np.ndarray, bins: int = ECE_BINS) -> float:
+    """Expected calibration error with equal-width bins, weighted by bin size."""
+    pred, outcome = np.asarray(pred, float).ravel(), np.asarray(outcome, float).ravel()
+    if not len(pred):
+        return float("nan")
+    idx = np.minimum((pred * bins).astype(int), bins - 1)
+    total = 0.0
+    for b in range(bins):
+        m = idx == b
+        if m.any():
+            total += m.sum() * abs(pred[m].mean() - outcome[m].mean())
+    return total / len(pred)
+
+
+def auc(score: np.ndarray, label: np.ndarray) -> float:
+    """ROC AUC as the Mann-Whitney probability P(score_pos > score_neg), ties counting ½."""
+    from scipy.stats import rankdata
+
+    score, label = np.asarray(score, float), np.asarray(label, bool)
+    npos, nneg = label.sum(), (~label).sum()
+    if npos == 0 or nneg == 0:
+        return float("nan")
+    ranks = rankdata(score)
+    return float((ranks[label].sum() - npos * (npos + 1) / 2) / (npos * nneg))
+
+
+def survival(z: np.ndarray, temps: np.ndarray) -> np.ndarray:
+    """z: [N, G] confidence logits -> a: [N, G] cumulative products of sigmoid(z / T)."""
+    return np.cumprod(1.0 / (1.0 + np.exp(-z / temps[None, :])), axis=1)
+
+
+def fit_sts(z: np.ndarray, accepted: np.ndarray) -> np.ndarray:
+    """z: [N, G] logits; accepted: [N, G] bool, 1 iff drafts 1..k were all accepted."""
+    g = z.shape[1]
+    temps = np.ones(g)
+    prefix = np.ones(len(z))
+    for k in range(g):
+        errs = [ece(prefix / (1.0 + np.exp(-z[:, k] / t)), accepted[:, k]) for t in TEMPERATURE_GRID]
+        temps[k] = TEMPERATURE_GRID[int(np.argmin(errs))]
+        prefix = prefix / (1.0 + np.exp(-z[:, k] / temps[k]))
+    return temps
+
+
+def report(z: np.ndarray, accepted: np.ndarray, temps: np.ndarray) -> dict:
+    a_raw, a_cal = survival(z, np.ones(z.shape[1])), survival(z, temps)
+    per_pos_auc = []
+    for k in range(z.shape[1]):
+        reached = accepted[:, k - 1] if k else np.ones(len(z), bool)  # conditional on prefix
+        per_pos_auc.append(auc(z[reached, k], accepted[reached, k]))
+    return {
+        "temperatures": temps.tolist(),
+        "auc_per_position": per_pos_auc,
+        "auc_mean": float(np.nanmean(per_pos_auc)),
+        "auc_survival": auc(a_cal.ravel(), accepted.ravel()),
+        "ece_survival_before": ece(a_raw, accepted),
+        "ece_survival_after": ece(a_cal, accepted),
+        "blocks": int(len(z)),
+        "acceptance_rate_at": accepted.mean(0).tolist(),
+    }
+
+
+@torch.no_grad()
+def collect_greedy(drafter: DSparkDrafter, cache, seqs, cols, t2d, max_blocks: int = 4000,
+                   anchors_per_seq: int = 24, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Confidence logits and greedy acceptance outcomes on held-out greedy sequences."""
+    from .trainer import pad_batch, sample_anchors
+
+    g = drafter.cfg.block_size
+    gen = torch.Generator().manual_seed(seed)
+    greedy = [i for i in seqs if cache.info.temperatures[i] == 0.0]
+    zs, accs = [], []
+    for start in range(0, len(greedy), 8):
+        batch = pad_batch(cache, greedy[start:start + 8], cols)
+        anchors, keep = sample_anchors(batch["prompt_lens"], batch["lens"], anchors_per_seq, gen)
+        tok = batch["tokens"]
+        b, t = tok.shape
+        ids, pos = block_inputs(tok.gather(1, anchors), anchors, g, drafter.cfg.mask_token_id)
+        h = drafter(ids, pos, batch["feats"], torch.arange(t).expand(b, t),
+                    block_mask(anchors, t, g, keep)).view(b, -1, g, drafter.cfg.hidden_size)
+        lab_pos = anchors[..., None] + torch.arange(1, g + 1)
+        full = (lab_pos < batch["lens"][:, None, None]).all(-1) & keep  # whole block in range
+        labels = tok.gather(1, lab_pos.clamp(max=t - 1).flatten(1)).view(b, -1, g)
+        prev = torch.cat([tok.gather(1, anchors)[..., None], labels[..., :-1]], -1)
+        logits = drafter.base_logits(h)
+        bias = drafter.markov_bias(prev)
+        if bias is not None:
+            logits = logits + bias
+        hit = drafter.draft_to_target(logits.argmax(-1)) == labels
+        z = drafter.confidence_logits(h, prev)
+        zs.append(z[full].numpy())
+        accs.append(hit[full].int().cumprod(-1).bool().numpy())
+        if sum(len(x) for x in zs) >= max_blocks:
+            break
+    return np.concatenate(zs)[:max_blocks], np.concatenate(accs)[:max_blocks]
+
+
+def calibrate(drafter_dir: str | Path, cache_dir: str | Path, target: str = "default",
+              heldout: float = 0.05, max_blocks: int = 4000) -> dict:
+    """Fit STS on held-out cache data; write the temperatures into the drafter's config."""
+    from ..drafter.checkpoint import load_drafter
+    from ..target import load_target
+    from .cache import FeatureCache
+    from .trainer import heldout_split
+
+    target_model, _ = load_target(target, tokenizer=False)
+    drafter = load_drafter(drafter_dir, target_model.get_input_embeddings().weight,
+                           target_model.get_output_embeddings().weight,
+                           target_num_layers=target_model.config.num_hidden_layers).eval()
+    if drafter.confidence_head is None:
+        raise ValueError(f"{drafter_dir}: the drafter has no confidence head to calibrate")
+    cache = FeatureCache(cache_dir)
+    cols = cache.select(drafter.cfg.target_layer_ids)
+    z, acc = collect_greedy(drafter, cache, heldout_split(cache, heldout), cols, None, max_blocks)
+    temps = fit_sts(z, acc)
+    rep = report(z, acc, temps)
+    drafter.cfg.dspark_confidence_temperatures = rep["temperatures"]
+    drafter.cfg.validate()
+    drafter.cfg.save(drafter_dir)
+    (Path(drafter_dir) / "calibration.json").write_text(json.dumps(rep, indent=2) + "\n")
+    return rep

@@ -1,0 +1,81 @@
+"""`dspark recipe`: data -> feature cache -> training -> calibration -> export, one command.
+
+Every stage is resumable (finished shards, cache rows and training steps are kept), so
+re-running the same command after an interruption continues where it stopped.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from .trainer import TrainConfig
+
+log = logging.getLogger("dspark.recipe")
+
+# The variants trained on the same data with the same recipe (issue: default + ablations).
+VARIANTS: dict[str, dict] = {
+    "dspark-2l": dict(num_layers=2, markov_rank=64, confidence_head=True),
+    "parallel-2l": dict(num_layers=2, markov_rank=0, confidence_head=False),
+    "parallel-5l": dict(num_layers=5, markov_rank=0, confidence_head=False),
+}
+
+
+@dataclass
+class RecipeConfig:
+    out: str
+    target: str = "default"
+    variants: tuple[str, ...] = ("dspark-2l",)
+    num_prompts: int = 4500
+    max_new_tokens: int = 320
+    epochs: float = 4.0
+    data_fractions: tuple[float, ...] = (1.0,)
+    quick: bool = False
+    cache_gb: float = 9.5
+
+
+def run_recipe(cfg: RecipeConfig) -> dict:
+    from ..drafter.config import default_target_layer_ids
+    from ..target import load_target, resolve_target
+    from .cache import build_cache
+    from .calibrate import calibrate
+    from .make_data import MakeDataConfig, make_data
+    from .trainer import train
+
+    out = Path(cfg.out)
+    out.mkdir(parents=True, exist_ok=True)
+    target = str(resolve_target(cfg.target))
+    quick = dict(num_prompts=48, max_new_tokens=48, shard_size=24) if cfg.quick else {}
+    timings, t0 = {}, time.time()
+    data = make_data(MakeDataConfig(out_dir=str(out / "data"), target=target,
+                                    **({"num_prompts": cfg.num_prompts,
+                                        "max_new_tokens": cfg.max_new_tokens} | quick)))
+    timings["make_data_s"] = time.time() - t0
+    tcfg, _ = load_target(target, tokenizer=False)
+    layers = default_target_layer_ids(tcfg.config.num_hidden_layers, 5)
+    t1 = time.time()
+    build_cache(data, out / "cache", target, layers, max_gb=cfg.cache_gb)
+    timings["cache_s"] = time.time() - t1
+    results = {}
+    for name in cfg.variants:
+        for frac in cfg.data_fractions:
+            run = name if frac == 1.0 else f"{name}-data{int(frac * 100)}"
+            tc = TrainConfig(cache=str(out / "cache"), out=str(out / run), target=target,
+                             epochs=cfg.epochs, data_fraction=frac, **VARIANTS[name])
+            if cfg.quick:
+                tc = replace(tc, epochs=1.0, batch_size=4, anchors=8, log_every=2, save_every=5)
+            t2 = time.time()
+            drafter = train(tc)
+            timings[f"train_{run}_s"] = time.time() - t2
+            rep = None
+            if tc.confidence_head:
+                rep = calibrate(drafter, out / "cache", target, heldout=tc.heldout,
+                                max_blocks=200 if cfg.quick else 4000)
+            results[run] = {"drafter": str(drafter), "calibration": rep}
+    timings["total_s"] = time.time() - t0
+    summary = {"timings": timings, "runs": results}
+    (out / "recipe.json").write_text(json.dumps(summary, indent=2))
+    return summary

@@ -1,0 +1,301 @@
+"""`dspark train`: distil a DSpark drafter from the feature cache.
+
+Single process by default; under `torchrun` it runs DDP (gloo on CPU, nccl on CUDA), each
+rank taking a strided share of every batch. Resumable: `state/` holds the drafter, the
+AdamW moments, the step and the RNG state, all as safetensors + JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from safetensors.torch import load_file, save_file
+
+from ..drafter.checkpoint import save_drafter
+from ..drafter.config import DSparkDrafterConfig, drafter_config_for_target
+from ..drafter.model import DSparkDrafter, block_inputs, block_mask
+from .cache import FeatureCache
+from .loss import LossWeights, dspark_loss
+
+log = logging.getLogger("dspark.train")
+
+
+@dataclass
+class TrainConfig:
+    cache: str
+    out: str
+    target: str = "default"
+    num_layers: int = 2
+    block_size: int = 7
+    markov_rank: int = 64
+    draft_vocab_size: int | None = 8192
+    mask_token_id: int = 16  # SmolLM2's <empty_output>: never generated in chat
+    confidence_head: bool = True
+    num_target_features: int = 5
+    epochs: float = 4.0
+    data_fraction: float = 1.0  # first fraction of the training sequences (data-scaling runs)
+    heldout: float = 0.05  # last share of the cache: never trained on (calibration, checks)
+    batch_size: int = 8  # sequences per step (all ranks together)
+    anchors: int = 32  # anchor blocks sampled per sequence
+    lr: float = 6e-4
+    warmup: float = 0.04
+    weight_decay: float = 0.0
+    max_grad_norm: float = 1.0
+    loss: LossWeights = field(default_factory=LossWeights)
+    seed: int = 0
+    log_every: int = 20
+    save_every: int = 200
+    max_steps: int | None = None  # stop early (tests); the schedule still spans all epochs
+
+
+def train_split(cache: FeatureCache, heldout: float) -> range:
+    n = len(cache)
+    return range(n - max(int(n * heldout), 1) if heldout > 0 else n)
+
+
+def heldout_split(cache: FeatureCache, heldout: float) -> range:
+    return range(train_split(cache, heldout).stop, len(cache))
+
+
+def build_draft_vocab(cache: FeatureCache, seqs: list[int], size: int,
+                      keep: tuple[int, ...] = ()) -> tuple[torch.Tensor, float]:
+    """The `size` most frequent response tokens (plus `keep`), sorted; and their coverage."""
+    counts = np.zeros(cache.info.num_tokens and int(cache.tokens.max()) + 1, dtype=np.int64)
+    for i in seqs:
+        a, b = cache.info.offsets[i], cache.info.offsets[i + 1]
+        counts += np.bincount(cache.tokens[a + cache.info.prompt_lens[i]:b], minlength=len(counts))
+    order = [int(t) for t in np.argsort(-counts, kind="stable") if t not in keep]
+    ids = sorted(set(keep) | set(order[:size - len(set(keep))]))
+    coverage = float(counts[ids].sum() / max(counts.sum(), 1))
+    return torch.tensor(ids), coverage
+
+
+def pad_batch(cache: FeatureCache, idxs: list[int], cols: list[int]) -> dict[str, torch.Tensor]:
+    seqs = [cache.sequence(i) for i in idxs]
+    t = max(len(s["tokens"]) for s in seqs)
+    h = cache.info.hidden_size
+
+    def stack(key, width=None, fill=0.0):
+        out = torch.full((len(seqs), t) + ((width,) if width else ()), fill,
+                         dtype=seqs[0][key].dtype)
+        for r, s in enumerate(seqs):
+            out[r, : len(s[key])] = s[key]
+        return out
+
+    feats = stack("feats", cache.info.feat_size).view(len(seqs), t, -1, h)[:, :, cols].flatten(2)
+    return {"tokens": stack("tokens"), "feats": feats, "last": stack("last", h),
+            "lse": stack("lse"), "lens": torch.tensor([len(s["tokens"]) for s in seqs]),
+            "prompt_lens": torch.tensor([s["prompt_len"] for s in seqs])}
+
+
+def sample_anchors(prompt_lens: torch.Tensor, lens: torch.Tensor, num: int,
+                   gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """Anchors a in [prompt_len, len-2] (a response token whose successor is too),
+    `num` per sequence without replacement; keep=False marks padding when fewer exist."""
+    rows, keeps = [], []
+    for p, n in zip(prompt_lens.tolist(), lens.tolist()):
+        cand = torch.arange(p, max(n - 1, p))
+        pick = cand[torch.randperm(len(cand), generator=gen)[:num]].sort().values
+        keep = torch.zeros(num, dtype=torch.bool)
+        keep[: len(pick)] = True
+        rows.append(torch.cat([pick, torch.zeros(num - len(pick), dtype=torch.long)]))
+        keeps.append(keep)
+    return torch.stack(rows), torch.stack(keeps)
+
+
+def step_loss(drafter: DSparkDrafter, batch: dict, anchors: torch.Tensor, keep: torch.Tensor,
+              t2d: torch.Tensor | None, lm_head_d: torch.Tensor, weights: LossWeights):
+    """Forward one batch: [B, A] anchors -> loss over [B*A, G] draft slots."""
+    cfg, tok = drafter.cfg, batch["tokens"]
+    b, t = tok.shape
+    g, a = cfg.block_size, anchors.shape[1]
+    ids, pos = block_inputs(tok.gather(1, anchors), anchors, g, cfg.mask_token_id)
+    mask = block_mask(anchors, t, g, keep)
+    ctx_pos = torch.arange(t).expand(b, t)
+    h = drafter(ids, pos, batch["feats"], ctx_pos, mask).view(b, a, g, -1)
+    lab_pos = anchors[..., None] + torch.arange(1, g + 1)  # [B, A, G] positions of y_k
+    valid = (lab_pos < batch["lens"][:, None, None]) & keep[..., None]
+    valid = valid.int().cumprod(-1).bool()
+    lab_pos = lab_pos.clamp(max=t - 1)
+    labels = tok.gather(1, lab_pos.flatten(1)).view(b, a, g)
+    prev = torch.cat([tok.gather(1, anchors)[..., None], labels[..., :-1]], -1)  # teacher forcing
+    logits = drafter.base_logits(h)
+    bias = drafter.markov_bias(prev)
+    if bias is not None:
+        logits = logits + bias
+    src = (lab_pos - 1).flatten(1)  # the target's distribution for y_k is read at y_{k-1}
+    last = batch["last"].gather(1, src[..., None].expand(-1, -1, batch["last"].shape[-1]))
+    tlogp = (last @ lm_head_d.t()).view(b, a, g, -1) - batch["lse"].gather(1, src).view(b, a, g, 1)
+    dlab = labels if t2d is None else t2d[labels]
+    conf = drafter.confidence_logits(h, prev)
+    return dspark_loss(logits.flatten(0, 1), tlogp.flatten(0, 1), dlab.flatten(0, 1),
+                       valid.flatten(0, 1), None if conf is None else conf.flatten(0, 1), weights)
+
+
+class Trainer:
+    def __init__(self, cfg: TrainConfig) -> None:
+        from ..target import load_target
+
+        self.cfg = cfg
+        self.ddp = dist.is_available() and "WORLD_SIZE" in os.environ and int(os.environ["WORLD_SIZE"]) > 1
+        if self.ddp and not dist.is_initialized():
+            dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+        self.rank = dist.get_rank() if self.ddp else 0
+        self.world = dist.get_world_size() if self.ddp else 1
+        self.out = Path(cfg.out)
+        self.cache = FeatureCache(cfg.cache)
+        target, _ = load_target(cfg.target, dtype=torch.float32, tokenizer=False)
+        self.seqs = list(range(int(math.ceil(len(train_split(self.cache, cfg.heldout))
+                                            * cfg.data_fraction))))
+        emb, head = target.get_input_embeddings().weight, target.get_output_embeddings().weight
+        vocab, d2t = None, None
+        if cfg.draft_vocab_size:
+            vocab, cov = build_draft_vocab(self.cache, self.seqs, cfg.draft_vocab_size,
+                                           keep=(cfg.mask_token_id,))
+            d2t = vocab - torch.arange(len(vocab))
+            log.info("draft vocabulary %d covers %.2f%% of response tokens", len(vocab), 100 * cov)
+        dcfg = drafter_config_for_target(
+            target.config, num_layers=cfg.num_layers, block_size=cfg.block_size,
+            markov_rank=cfg.markov_rank, draft_vocab_size=cfg.draft_vocab_size,
+            mask_token_id=cfg.mask_token_id, num_target_features=cfg.num_target_features,
+            enable_confidence_head=cfg.confidence_head)
+        self.cols = self.cache.select(dcfg.target_layer_ids)
+        torch.manual_seed(cfg.seed)
+        self.drafter = DSparkDrafter(dcfg, emb, head, d2t=d2t)
+        if self.ddp:  # every rank starts from rank 0's weights
+            for p in self.drafter.parameters():
+                dist.broadcast(p.data, 0)
+        self.t2d = None
+        if vocab is not None:
+            self.t2d = torch.full((dcfg.vocab_size,), -1, dtype=torch.long)
+            self.t2d[vocab] = torch.arange(len(vocab))
+        self.lm_head_d = self.drafter.lm_head.detach()
+        params = [p for p in self.drafter.parameters() if p.requires_grad]
+        self.opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay,
+                                     betas=(0.9, 0.95))
+        self.steps_per_epoch = max(len(self.seqs) // cfg.batch_size, 1)
+        self.total_steps = max(int(cfg.epochs * self.steps_per_epoch), 1)
+        self.step = 0
+        self.gen = torch.Generator().manual_seed(cfg.seed)
+        self._maybe_resume()
+
+    # ------------------------------------------------------------------ schedule
+    def lr_at(self, step: int) -> float:
+        warm = max(int(self.cfg.warmup * self.total_steps), 1)
+        if step < warm:
+            return self.cfg.lr * (step + 1) / warm
+        frac = (step - warm) / max(self.total_steps - warm, 1)
+        return self.cfg.lr * 0.5 * (1 + math.cos(math.pi * min(frac, 1.0)))
+
+    def batch_indices(self, step: int) -> list[int]:
+        epoch, k = divmod(step, self.steps_per_epoch)
+        perm = torch.randperm(len(self.seqs), generator=torch.Generator().manual_seed(
+            self.cfg.seed * 1000 + epoch)).tolist()
+        chunk = perm[k * self.cfg.batch_size:(k + 1) * self.cfg.batch_size]
+        return [self.seqs[i] for i in chunk[self.rank::self.world]]
+
+    # ------------------------------------------------------------------ state
+    def _state_dir(self) -> Path:
+        return self.out / "state"
+
+    def save_state(self) -> None:
+        if self.rank != 0:
+            return
+        d = self._state_dir()
+        d.mkdir(parents=True, exist_ok=True)
+        tensors = {f"model.{k}": v.contiguous() for k, v in self.drafter.state_dict().items()}
+        names = {id(p): n for n, p in self.drafter.named_parameters()}
+        for group in self.opt.param_groups:
+            for p in group["params"]:
+                for k, v in self.opt.state.get(p, {}).items():
+                    tensors[f"opt.{names[id(p)]}.{k}"] = torch.as_tensor(v).contiguous()
+        tensors["rng"] = self.gen.get_state()
+        save_file(tensors, str(d / "state.tmp.safetensors"))
+        (d / "state.tmp.safetensors").rename(d / "state.safetensors")
+        (d / "meta.json").write_text(json.dumps({"step": self.step, "config": asdict(self.cfg)},
+                                                default=str))
+
+    def _maybe_resume(self) -> None:
+        path = self._state_dir() / "state.safetensors"
+        if not path.is_file():
+            return
+        tensors = load_file(str(path))
+        meta = json.loads((self._state_dir() / "meta.json").read_text())
+        self.drafter.load_state_dict({k[6:]: v for k, v in tensors.items() if k.startswith("model.")})
+        for n, p in self.drafter.named_parameters():
+            st = {k.rsplit(".", 1)[1]: v for k, v in tensors.items()
+                  if k.startswith(f"opt.{n}.") and k.count(".") == n.count(".") + 2}
+            if st:
+                self.opt.state[p] = st
+        self.gen.set_state(tensors["rng"])
+        self.step = meta["step"]
+        log.info("resumed from %s at step %d", path, self.step)
+
+    # ------------------------------------------------------------------ loop
+    def train(self) -> Path:
+        cfg, t0, tokens = self.cfg, time.time(), 0
+        end = self.total_steps if cfg.max_steps is None else min(cfg.max_steps, self.total_steps)
+        log_path = self.out / "train_log.jsonl"
+        self.out.mkdir(parents=True, exist_ok=True)
+        try:
+            from tqdm import tqdm
+            bar = tqdm(total=end, initial=self.step, desc="train", disable=self.rank != 0)
+        except ImportError:  # pragma: no cover
+            bar = None
+        while self.step < end:
+            idxs = self.batch_indices(self.step)
+            batch = pad_batch(self.cache, idxs, self.cols)
+            anchors, keep = sample_anchors(batch["prompt_lens"], batch["lens"], cfg.anchors, self.gen)
+            for g in self.opt.param_groups:
+                g["lr"] = self.lr_at(self.step)
+            loss, m = step_loss(self.drafter, batch, anchors, keep, self.t2d, self.lm_head_d,
+                                cfg.loss)
+            self.opt.zero_grad(set_to_none=True)
+            loss.backward()
+            if self.ddp:
+                self._all_reduce_grads()
+            gnorm = torch.nn.utils.clip_grad_norm_(self.drafter.parameters(), cfg.max_grad_norm)
+            self.opt.step()
+            self.step += 1
+            tokens += int(keep.sum()) * cfg.block_size
+            if bar:
+                bar.update(1)
+                bar.set_postfix(loss=f"{float(m['loss']):.3f}", tau=f"{float(m['tau_expected']):.2f}")
+            if self.rank == 0 and (self.step % cfg.log_every == 0 or self.step == end):
+                rec = {"step": self.step, "lr": self.lr_at(self.step - 1), "grad_norm": float(gnorm),
+                       "slots_per_s": tokens / (time.time() - t0),
+                       **{k: (v.tolist() if v.ndim else float(v)) for k, v in m.items()}}
+                with open(log_path, "a") as f:
+                    f.write(json.dumps(rec) + "\n")
+            if self.step % cfg.save_every == 0 or self.step == end:
+                self.save_state()
+        if bar:
+            bar.close()
+        final = self.out / "drafter"
+        if self.rank == 0:
+            save_drafter(self.drafter, final)
+        if self.ddp:
+            dist.barrier()
+        return final
+
+    def _all_reduce_grads(self) -> None:
+        """Data parallel: average gradients over ranks in one flat all-reduce."""
+        grads = [p.grad for p in self.drafter.parameters() if p.grad is not None]
+        flat = torch.cat([g.flatten() for g in grads])
+        dist.all_reduce(flat)
+        flat /= self.world
+        for g, part in zip(grads, flat.split([g.numel() for g in grads])):
+            g.copy_(part.view_as(g))
+
+
+def train(cfg: TrainConfig) -> Path:
+    return Trainer(cfg).train()

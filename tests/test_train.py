@@ -1,0 +1,149 @@
+"""Distillation: the loss, the soft confidence label, anchors, resume, data parallel."""
+
+import json
+import math
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from dspark_vllm.train.loss import LossWeights, dspark_loss
+from dspark_vllm.train.trainer import TrainConfig, Trainer, sample_anchors
+
+
+# ----------------------------------------------------------------------------- loss
+def test_loss_hand_computed():
+    # One block, two slots, a 2-token draft vocabulary; the target keeps 0.1 of its mass
+    # outside the draft vocabulary.
+    draft_logits = torch.log(torch.tensor([[[0.5, 0.5], [0.8, 0.2]]]))
+    p = torch.tensor([[[0.6, 0.3], [0.9, 0.0 + 1e-12]]])
+    labels = torch.tensor([[0, 1]])
+    valid = torch.tensor([[True, True]])
+    conf = torch.tensor([[0.0, 0.0]])  # sigmoid = 0.5
+    w = LossWeights(ce=0.1, l1=0.9, confidence=1.0, decay_gamma=4.0)
+    loss, m = dspark_loss(draft_logits, p.log(), labels, valid, conf, w)
+    w0, w1 = 1.0, math.exp(-1 / 4)
+    l1 = [abs(0.5 - 0.6) + abs(0.5 - 0.3) + 0.1, abs(0.8 - 0.9) + 0.2 + 0.1]  # [0.4, 0.4]
+    ce = [-math.log(0.5), -math.log(0.2)]
+    acc = [1 - x / 2 for x in l1]
+    bce = [-(a * math.log(0.5) + (1 - a) * math.log(0.5)) for a in acc]
+    avg = lambda v: (w0 * v[0] + w1 * v[1]) / (w0 + w1)  # noqa: E731
+    want = 0.1 * avg(ce) + 0.9 * avg(l1) + 1.0 * avg(bce)
+    assert float(loss) == pytest.approx(want, rel=1e-5)
+    assert m["accept_prob_at"].tolist() == pytest.approx(acc, rel=1e-5)
+
+
+def test_confidence_label_is_the_acceptance_probability():
+    # 1 - ½||p - q||_1 = sum_x min(p, q): the probability speculative sampling accepts.
+    g = torch.Generator().manual_seed(0)
+    p = torch.softmax(torch.randn(5, 1, 7, generator=g), -1)
+    q_logits = torch.randn(5, 1, 7, generator=g)
+    q = torch.softmax(q_logits, -1)
+    _, m = dspark_loss(q_logits, p.log(), torch.zeros(5, 1, dtype=torch.long),
+                       torch.ones(5, 1, dtype=torch.bool), None)
+    want = torch.minimum(p, q).sum(-1).mean(0)
+    assert m["accept_prob_at"].tolist() == pytest.approx(want.tolist(), rel=1e-5)
+
+
+def test_invalid_slots_and_out_of_vocab_labels_do_not_count():
+    logits = torch.randn(1, 3, 4)
+    logp = torch.log_softmax(torch.randn(1, 3, 4), -1)
+    valid = torch.tensor([[True, False, False]])
+    a, _ = dspark_loss(logits, logp, torch.tensor([[1, 2, -1]]), valid, None)
+    changed = logits.clone()
+    changed[0, 1:] += 10
+    b, _ = dspark_loss(changed, logp, torch.tensor([[1, -1, 3]]), valid, None)
+    assert float(a) == pytest.approx(float(b))
+
+
+# -------------------------------------------------------------------------- anchors
+def test_anchor_sampling_stays_in_the_response():
+    g = torch.Generator().manual_seed(0)
+    prompt_lens, lens = torch.tensor([5, 10, 3]), torch.tensor([20, 12, 40])
+    anchors, keep = sample_anchors(prompt_lens, lens, 6, g)
+    for r in range(3):
+        a = anchors[r][keep[r]]
+        assert len(set(a.tolist())) == len(a)
+        assert (a >= prompt_lens[r]).all() and (a <= lens[r] - 2).all()
+    assert keep[1].sum() == 1 and keep[0].all()  # only position 10 is a valid anchor in row 1
+
+
+# ------------------------------------------------------------------- tiny pipeline
+@pytest.fixture(scope="module")
+def tiny_cache(tmp_path_factory, tiny_target):
+    from dspark_vllm.train.cache import build_cache
+    from dspark_vllm.train.make_data import _write_shard
+
+    root = tmp_path_factory.mktemp("train")
+    tiny_target.save_pretrained(root / "target")
+    # A learnable language: responses count upwards mod 40 from a random start.
+    rng = np.random.default_rng(0)
+    seqs, plens = [], []
+    for _ in range(48):
+        prompt = rng.integers(4, 90, size=int(rng.integers(4, 9)))
+        start = int(rng.integers(0, 40))
+        resp = (start + np.arange(int(rng.integers(12, 30)))) % 40 + 50
+        seqs.append(np.concatenate([prompt, resp]).astype(np.int32))
+        plens.append(len(prompt))
+    (root / "data").mkdir()
+    _write_shard(root / "data" / "shard-00000.npz", seqs, plens, [{"temperature": 0.0}] * len(seqs))
+    build_cache(root / "data", root / "cache", str(root / "target"), layer_ids=[1, 2, 3])
+    return root
+
+
+def _cfg(root, out, **kw):
+    base = dict(cache=str(root / "cache"), out=str(out), target=str(root / "target"),
+                num_layers=1, block_size=4, markov_rank=8, draft_vocab_size=48, mask_token_id=3,
+                num_target_features=3, epochs=3, batch_size=4, anchors=6, lr=3e-3, heldout=0.1,
+                log_every=1, save_every=5)
+    return TrainConfig(**{**base, **kw})
+
+
+def test_training_a_few_steps_lowers_the_loss(tiny_cache, tmp_path):
+    # The tiny target is random (its distribution is near uniform), so weigh the hard
+    # labels of the counting language up to get a clear learning signal.
+    weights = LossWeights(ce=1.0, l1=0.1, confidence=0.1)
+    out = Trainer(_cfg(tiny_cache, tmp_path, epochs=6, loss=weights)).train()
+    rows = [json.loads(x) for x in (tmp_path / "train_log.jsonl").read_text().splitlines()]
+    first, last = np.mean([r["loss"] for r in rows[:4]]), np.mean([r["loss"] for r in rows[-4:]])
+    assert last < 0.9 * first, (first, last)
+    assert (out / "config.json").is_file() and (out / "model.safetensors").is_file()
+
+
+def test_resume_from_checkpoint_is_exact(tiny_cache, tmp_path):
+    Trainer(_cfg(tiny_cache, tmp_path / "straight", max_steps=10)).train()
+    Trainer(_cfg(tiny_cache, tmp_path / "resumed", max_steps=5)).train()
+    Trainer(_cfg(tiny_cache, tmp_path / "resumed", max_steps=10)).train()  # picks up at 5
+    from safetensors.torch import load_file
+
+    a = load_file(str(tmp_path / "straight" / "state" / "state.safetensors"))
+    b = load_file(str(tmp_path / "resumed" / "state" / "state.safetensors"))
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+
+
+@pytest.mark.slow
+def test_torchrun_two_processes_on_gloo(tiny_cache, tmp_path):
+    cfg = _cfg(tiny_cache, tmp_path, max_steps=4)
+    script = tmp_path / "run.py"
+    script.write_text(
+        "import json, sys\n"
+        "from dspark_vllm.train.trainer import TrainConfig, Trainer\n"
+        f"cfg = TrainConfig(**json.loads({json.dumps(json.dumps({k: v for k, v in cfg.__dict__.items() if k != 'loss'}))}))\n"
+        "t = Trainer(cfg); t.train()\n"
+        "import torch, torch.distributed as dist\n"
+        "flat = torch.cat([p.detach().flatten() for p in t.drafter.parameters()])\n"
+        "out = [torch.zeros_like(flat) for _ in range(2)]\n"
+        "dist.all_gather(out, flat)\n"
+        "assert t.world == 2 and torch.equal(out[0], out[1]), 'ranks diverged'\n"
+        "print('RANK_OK', t.rank)\n")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.getcwd()}
+    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
+                        "--master_port=29531", str(script)], capture_output=True, text=True,
+                       env=env, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.count("RANK_OK") == 2
