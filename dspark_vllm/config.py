@@ -1,0 +1,93 @@
+"""The one validated serving configuration, checked when vLLM builds its config.
+
+Everything a user can get wrong is rejected at start-up with the bad value and what
+would be accepted, never later in the middle of a request.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from .drafter.checkpoint import check_checkpoint
+from .drafter.config import DrafterConfigError, DSparkDrafterConfig
+
+SUPPORTED_VLLM = ((0, 32), (0, 33))  # [min, max) of (major, minor)
+SCHEDULER_CLS = "dspark_vllm.scheduler.DSparkScheduler"
+ACTIVE_ENV = "DSPARK_VLLM_ACTIVE"  # set once a dspark config is validated; inherited by
+# the engine and worker processes so the plugin patches only engines that serve DSpark
+
+
+class DSparkConfigError(ValueError):
+    pass
+
+
+def vllm_version_ok(version: str) -> bool:
+    try:
+        major, minor = (int(x) for x in version.split(".")[:2])
+    except ValueError:
+        return False
+    return SUPPORTED_VLLM[0] <= (major, minor) < SUPPORTED_VLLM[1]
+
+
+def supported_range() -> str:
+    (a, b), (c, d) = SUPPORTED_VLLM
+    return f">={a}.{b},<{c}.{d}"
+
+
+@dataclass
+class DSparkServeConfig:
+    drafter_dir: Path
+    drafter: DSparkDrafterConfig
+    num_speculative_tokens: int
+    adaptive: bool
+    """Load-aware verification budget (upstream's `enable_adaptive_verification`)."""
+    probabilistic: bool
+    """Drafts sampled from the draft distribution, verified with its probabilities."""
+
+    @classmethod
+    def from_vllm_config(cls, vc) -> DSparkServeConfig:
+        sc = vc.speculative_config
+        where = "--speculative-config"
+        model = getattr(sc.draft_model_config, "model", None) or sc.model
+        path = Path(str(model))
+        if not path.is_dir():
+            raise DSparkConfigError(
+                f"{where} model={str(model)!r}: not a local drafter directory (a "
+                "Qwen3DSparkModel checkpoint: config.json + *.safetensors)")
+        try:
+            dcfg = DSparkDrafterConfig.load(path)
+            t = vc.model_config.hf_config
+            t = getattr(t, "get_text_config", lambda: t)()
+            dcfg.check_target(hidden_size=t.hidden_size, vocab_size=t.vocab_size,
+                              num_hidden_layers=t.num_hidden_layers,
+                              source=f"target {vc.model_config.model!r}")
+            check_checkpoint(path, dcfg)
+        except DrafterConfigError as e:
+            raise DSparkConfigError(f"{where} model={str(model)!r}: {e}") from None
+        k = sc.num_speculative_tokens
+        if not 1 <= k <= dcfg.block_size:
+            raise DSparkConfigError(
+                f"{where} num_speculative_tokens={k}: the drafter was trained with "
+                f"block_size={dcfg.block_size}; use 1..{dcfg.block_size}")
+        if dcfg.markov_rank == 0:
+            raise DSparkConfigError(
+                f"{where} model={str(model)!r}: markov_rank=0 is a purely parallel drafter; "
+                "serving needs the transition head (use it with `dspark eval-acceptance`)")
+        pc = vc.parallel_config
+        if pc.tensor_parallel_size != 1 or pc.pipeline_parallel_size != 1:
+            raise DSparkConfigError(
+                f"--tensor-parallel-size {pc.tensor_parallel_size} / --pipeline-parallel-size "
+                f"{pc.pipeline_parallel_size}: the V1 DSpark proposer runs the drafter and its "
+                "sequential head unsharded on one worker; use 1 for both")
+        adaptive = bool(sc.enable_adaptive_verification)
+        if adaptive and vc.scheduler_config.async_scheduling:
+            raise DSparkConfigError(
+                f"{where} enable_adaptive_verification=true needs synchronous scheduling "
+                "(the budget reads each step's confidences); add --no-async-scheduling")
+        return cls(drafter_dir=path, drafter=dcfg, num_speculative_tokens=k, adaptive=adaptive,
+                   probabilistic=sc.draft_sample_method == "probabilistic")
+
+    def activate(self) -> None:
+        os.environ[ACTIVE_ENV] = "1"

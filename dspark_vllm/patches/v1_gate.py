@@ -1,0 +1,51 @@
+"""Patch: VllmConfig._get_v1_model_runner_unsupported_features.
+
+Why: vLLM 0.32 implements DSpark (and adaptive verification) only in its V2 GPU runner and
+lists both as unsupported on V1, so `vllm serve --speculative-config '{"method": "dspark"}'`
+fails on CPUs. This plugin implements both on V1; the wrapper drops exactly those two
+entries when the method is dspark, after validating the DSpark setup (clear errors at
+start-up) and selecting the DSpark scheduler unless the user chose one.
+Removed by: upstream V1 support for method "dspark" (or a plugin hook for speculative
+methods on the V1 runner).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+
+from . import is_patched, mark
+
+log = logging.getLogger("dspark.plugin")
+REFUSED = ("dspark speculative decoding", "adaptive draft verification")
+
+
+def apply(version_ok: bool, version: str) -> None:
+    from vllm.config import VllmConfig
+
+    orig = VllmConfig._get_v1_model_runner_unsupported_features
+    if is_patched(orig):
+        return
+
+    @functools.wraps(orig)
+    def _get_v1_model_runner_unsupported_features(self):
+        unsupported = orig(self)
+        sc = self.speculative_config
+        if sc is None or sc.method != "dspark":
+            return unsupported
+        from ..config import SCHEDULER_CLS, DSparkServeConfig, supported_range
+
+        if not version_ok:
+            raise ValueError(f"dspark-vllm supports vllm{supported_range()}; this is vllm "
+                             f"{version}. Install a supported vLLM or upgrade dspark-vllm.")
+        serve = DSparkServeConfig.from_vllm_config(self)
+        if serve.adaptive and self.scheduler_config.scheduler_cls is None:
+            self.scheduler_config.scheduler_cls = SCHEDULER_CLS
+        serve.activate()
+        from .. import plugin
+
+        plugin.install_engine_patches()  # this process may host the engine (in-process mode)
+        return [u for u in unsupported if u not in REFUSED]
+
+    VllmConfig._get_v1_model_runner_unsupported_features = mark(
+        _get_v1_model_runner_unsupported_features, "v1_gate")

@@ -1,0 +1,45 @@
+"""vLLM plugin registration: thin, lazy, safe to call any number of times.
+
+In every process vLLM starts, `register()` installs only the config gate (cheap). When a
+config with method "dspark" is validated, the gate marks the environment and installs the
+engine patches; engine and worker processes started afterwards inherit the mark and
+install them at their own `register()`. Processes serving anything else stay untouched.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+log = logging.getLogger("dspark.plugin")
+_state = {"registered": False, "engine": False}
+
+
+def register() -> None:
+    if _state["registered"]:
+        return
+    _state["registered"] = True
+    import vllm
+
+    from .config import ACTIVE_ENV, supported_range, vllm_version_ok
+    from .patches import v1_gate
+
+    ok = vllm_version_ok(vllm.__version__)
+    if not ok:
+        log.warning("dspark-vllm supports vllm%s, found %s: method 'dspark' will be refused",
+                    supported_range(), vllm.__version__)
+    v1_gate.apply(ok, vllm.__version__)
+    if ok and os.environ.get(ACTIVE_ENV) == "1":
+        install_engine_patches()
+
+
+def install_engine_patches() -> None:
+    if _state["engine"]:
+        return
+    _state["engine"] = True
+    from .patches import cpu_seeded_sampling, draft_confidences, v1_drafter
+
+    v1_drafter.apply()
+    draft_confidences.apply()
+    cpu_seeded_sampling.apply()
+    log.info("dspark-vllm: DSpark proposer installed on the V1 model runner")

@@ -1,0 +1,98 @@
+"""DSpark proposer for vLLM's V1 model runner: only the difference from V1 DFlash.
+
+  * anchor-as-first block: K query slots [anchor, mask x (K-1)], every slot a prediction
+    (DFlash uses 1 + K slots and samples only the masks);
+  * the drafter's fc runs on the concatenated target layers (V1 applies it only for
+    method "dflash");
+  * sequential transition-head sampling, left to right, greedy or probabilistic, with the
+    draft probabilities exact verification needs at temperature > 0;
+  * per-token confidences sigmoid(w^T [h_k; W1[x_{k-1}]] / T_k) kept for the scheduler.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+
+import torch
+from vllm.v1.sample.metadata import SamplingMetadata
+from vllm.v1.spec_decode.dflash import DFlashProposer
+
+from .sequential import sample_block
+
+log = logging.getLogger("dspark.proposer")
+
+
+@contextlib.contextmanager
+def _presented_as_dflash(spec_config):
+    """DFlashProposer.__init__ asserts method == "dflash"; everything it builds (buffers,
+    the non-causal draft attention config, the input-expansion kernel warm-up) is exactly
+    what DSpark needs, so construct it under that name and restore "dspark" at once."""
+    spec_config.method = "dflash"
+    try:
+        yield
+    finally:
+        spec_config.method = "dspark"
+
+
+class DSparkProposer(DFlashProposer):
+    def __init__(self, vllm_config, device: torch.device, runner=None) -> None:
+        hf = vllm_config.speculative_config.draft_model_config.hf_config
+        # The V1 runner reads the target layers to capture from this key (DFlash's +1
+        # semantics: id i = output of layer i = input of layer i + 1).
+        hf.eagle_aux_hidden_state_layer_ids = [i + 1 for i in hf.target_layer_ids]
+        with _presented_as_dflash(vllm_config.speculative_config):
+            super().__init__(vllm_config, device, runner)
+        self.method = "dspark"
+        k = self.num_speculative_tokens
+        self._sample_rows = torch.arange(self.max_batch_size * k, dtype=torch.int64, device=device)
+        self._anchor_rows = torch.arange(self.max_batch_size, dtype=torch.int64, device=device) * k
+        temps = getattr(hf, "dspark_confidence_temperatures", None) or [1.0] * k
+        self._conf_temps = torch.tensor(temps, dtype=torch.float32, device=device)
+        self.last_confidences: torch.Tensor | None = None  # [B, K] for the scheduler
+
+    def model_returns_tuple(self) -> bool:
+        return False  # the DFlash-style backbone returns one hidden-state tensor
+
+    # ------------------------------------------------------------------ inputs
+    def propose(self, *args, target_hidden_states: torch.Tensor, **kwargs) -> torch.Tensor:
+        # [T, n_layers * H] concatenated target layers -> [T, H] via the drafter's fc.
+        return super().propose(*args, target_hidden_states=self.model.combine_hidden_states(
+            target_hidden_states), **kwargs)
+
+    def set_inputs_first_pass(self, target_token_ids, next_token_ids, target_positions,
+                              target_hidden_states, token_indices_to_sample, cad,
+                              num_rejected_tokens_gpu):
+        # DFlash lays out 1 + n query slots per request; with n = K - 1 its fused kernel
+        # writes exactly the anchor-as-first block: [anchor, mask x (K-1)] at positions
+        # last_verified + 1 .. + K. At least one slot runs even when K = 0 (dynamic
+        # speculation) so the context K/V for the next round still gets written.
+        k = max(self.num_speculative_tokens, 1)
+        saved = self.num_speculative_tokens
+        self.num_speculative_tokens = k - 1
+        try:
+            num_tokens, _, new_cad = super().set_inputs_first_pass(
+                target_token_ids, next_token_ids, target_positions, target_hidden_states,
+                token_indices_to_sample, cad, num_rejected_tokens_gpu)
+        finally:
+            self.num_speculative_tokens = saved
+        # Every slot is a prediction (slot j predicts the token at anchor_pos + j + 1).
+        return num_tokens, self._sample_rows[:num_tokens], new_cad
+
+    # ---------------------------------------------------------------- sampling
+    def _sample_draft_tokens(self, hidden_states: torch.Tensor,
+                             sampling_metadata: SamplingMetadata):
+        """hidden_states: [B*K, H] backbone outputs, request-major -> ([B*K], [B*K, V] | None)."""
+        k = self.num_speculative_tokens
+        b = hidden_states.shape[0] // k
+        probabilistic = self._enable_probabilistic_draft_probs and not sampling_metadata.all_greedy
+        temperature = None
+        if probabilistic:
+            temperature = sampling_metadata.temperature[:b].float()  # 0 (or ~0) = greedy row
+        out = sample_block(self.model, hidden_states.view(b, k, -1),
+                           self.input_ids[self._anchor_rows[:b]].long(), temperature,
+                           self._conf_temps[:k], want_probs=probabilistic,
+                           target_vocab_size=self.vllm_config.model_config.get_vocab_size())
+        self.last_confidences = None if out.confidence is None else out.confidence.float().cpu()
+        probs = None if out.probs is None else out.probs.flatten(0, 1)
+        return out.tokens.flatten(), probs
