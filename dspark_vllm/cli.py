@@ -75,6 +75,16 @@ def _eval_acceptance(a: argparse.Namespace) -> None:
             json.dump(report, f, indent=2)
 
 
+def _audit(a: argparse.Namespace) -> None:
+    from .audit import audit, format_audit
+
+    r = audit(a.samples, a.seed)
+    print(format_audit(r))
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(r, f, indent=2)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="dspark", description=__doc__)
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -146,6 +156,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     s.add_argument("--json", default=None, help="write the report here")
     s.set_defaults(fn=_eval_acceptance)
+    s = sub.add_parser("audit-causality", help="Appendix A: shipped vs peeking budget policy")
+    s.add_argument("--samples", type=int, default=200_000)
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--json", default=None)
+    s.set_defaults(fn=_audit)
     return p
 
 

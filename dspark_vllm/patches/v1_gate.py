@@ -43,6 +43,10 @@ def apply(version_ok: bool, version: str) -> None:
             self.scheduler_config.scheduler_cls = SCHEDULER_CLS
         serve.activate()
         from .. import plugin
+        from ..metrics import register_collector
+
+        if serve.adaptive:
+            register_collector()  # before the engine starts: it inherits the snapshot path
 
         plugin.install_engine_patches()  # this process may host the engine (in-process mode)
         return [u for u in unsupported if u not in REFUSED]

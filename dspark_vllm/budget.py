@@ -1,0 +1,116 @@
+"""Load-aware verification budget (DSpark paper, Algorithm 1), as small pure functions.
+
+The causality wall: whether draft x_j of a request is verified may depend on its survival
+a_j = c_1 ... c_j, where c_k reads x_{k-1} but never x_k; admission therefore never looks at
+the token it admits (a stopping time, Appendix A), and speculative sampling stays exact.
+Never admit x_j because of anything computed from x_j or later (e.g. c_{j+1}).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+# Tuning constants, each with its reason.
+MIN_SURVIVAL = 1e-3  # slots this unlikely are never worth a verification token
+FALLBACK_PRIOR = 0.5  # conditional acceptance assumed per position before any evidence
+ESTIMATOR_DECAY = 0.995  # online acceptance estimate forgets with a ~200-round half-life
+
+
+@dataclass(frozen=True)
+class StepCost:
+    """Seconds of one engine step as a function of the tokens it processes:
+    t(T) = alpha + beta * T; steps-per-second SPS(T) = 1 / t(T)."""
+
+    alpha: float
+    beta: float
+
+    def seconds(self, tokens: int) -> float:
+        return self.alpha + self.beta * tokens
+
+
+def survival(conf: Sequence[float]) -> list[float]:
+    """a_j = prod_{k<=j} c_k. A missing or NaN confidence ends the chain (a = 0 onwards)."""
+    out, a = [], 1.0
+    for c in conf:
+        ok = c is not None and math.isfinite(c)
+        a = a * min(max(c, 0.0), 1.0) if ok else 0.0
+        out.append(a)
+    return out
+
+
+def goodput(expected_tokens: float, tokens: int, cost: StepCost) -> float:
+    """Theta = expected accepted tokens per step x steps per second."""
+    return expected_tokens / cost.seconds(tokens)
+
+
+def admit_greedy(
+    survivals: Sequence[Sequence[float]],  # per request: a_{r,1..K_r}, non-increasing
+    base_tokens: int,  # tokens the step runs anyway (one per request, plus prefill chunks)
+    cost: StepCost,
+    token_budget: int,  # the engine's cap on scheduled tokens
+) -> list[int]:
+    """Algorithm 1: number of drafts to verify per request.
+
+    Sort all slots (r, j) by a_{r,j}; admit greedily while the goodput improves; stop at
+    the first admission that does not. Every request emits at least one token per step.
+    """
+    slots = sorted(((a, j, r) for r, surv in enumerate(survivals) for j, a in enumerate(surv)),
+                   key=lambda s: (-s[0], s[1], s[2]))
+    n = [0] * len(survivals)
+    expected, tokens = float(len(survivals)), base_tokens
+    theta = goodput(expected, tokens, cost)
+    for a, j, r in slots:
+        if tokens >= token_budget or a < MIN_SURVIVAL:
+            break
+        # a_{r,j} <= a_{r,j-1}: the sort reaches each request's slots in prefix order.
+        assert j == n[r], "survivals must be non-increasing per request"
+        new = goodput(expected + a, tokens + 1, cost)
+        if new <= theta:  # the first admission that does not improve goodput: stop
+            break
+        n[r], expected, tokens, theta = n[r] + 1, expected + a, tokens + 1, new
+    return n
+
+
+def admit_top(survivals: Sequence[Sequence[float]], total: int) -> list[int]:
+    """Production variant, second half: rank the current step's slots by fresh survival
+    and admit the top `total` (prefix order per request is kept by the sort)."""
+    slots = sorted(((a, j, r) for r, surv in enumerate(survivals) for j, a in enumerate(surv)),
+                   key=lambda s: (-s[0], s[1], s[2]))
+    n = [0] * len(survivals)
+    for a, j, r in slots[:max(total, 0)]:
+        if a < MIN_SURVIVAL:
+            break
+        n[r] = j + 1
+    return n
+
+
+def production_budget(stale: Sequence[Sequence[float]], num_requests: int, base_tokens: int,
+                      cost: StepCost, token_budget: int) -> int:
+    """Production variant, first half: the batch's total budget from confidences two
+    steps old (known before this step's drafts exist, so the scheduler never waits), at
+    today's load: the stale requests' Algorithm-1 admissions, scaled to the live batch."""
+    if not stale:
+        return 0
+    per_request = sum(admit_greedy(stale, base_tokens, cost, token_budget)) / len(stale)
+    return min(int(round(per_request * num_requests)), max(token_budget - base_tokens, 0))
+
+
+class AcceptanceEstimator:
+    """Online per-position conditional acceptance rates, the confidence of drafters
+    without a confidence head. Fed only with verification outcomes already observed."""
+
+    def __init__(self, max_positions: int, decay: float = ESTIMATOR_DECAY,
+                 prior: float = FALLBACK_PRIOR) -> None:
+        self.decay = decay
+        self.reached = [2.0] * max_positions  # a weak prior of two pseudo-observations
+        self.accepted = [2.0 * prior] * max_positions
+
+    def update(self, num_verified: int, num_accepted: int) -> None:
+        for k in range(min(num_accepted + 1, num_verified)):
+            self.reached[k] = self.reached[k] * self.decay + 1.0
+            self.accepted[k] = self.accepted[k] * self.decay + float(k < num_accepted)
+
+    def rates(self, k: int) -> list[float]:
+        return [a / r for a, r in zip(self.accepted[:k], self.reached[:k])]

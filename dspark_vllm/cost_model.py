@@ -1,0 +1,89 @@
+"""Steps-per-second as a function of batch tokens, measured on the running hardware.
+
+Seeded from a start-up profile (cached per model and machine) and refitted online from
+the step times the engine actually observes, so it follows drift (thermal limits, other
+tenants, longer contexts).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import platform
+from collections import deque
+from pathlib import Path
+
+import numpy as np
+
+from .budget import StepCost
+
+REFIT_EVERY = 32  # observed steps between refits: cheap, and fast enough to follow drift
+WINDOW = 1024  # recent steps the online fit uses
+PRIOR = StepCost(alpha=0.05, beta=0.002)  # used only until the first profile or refit
+PROFILE_WEIGHT = 0.25  # profile points keep anchoring the fit where traffic is sparse
+
+
+def fit(tokens: np.ndarray, seconds: np.ndarray, weights: np.ndarray | None = None) -> StepCost:
+    """Weighted least squares for t = alpha + beta * T with alpha, beta >= 0."""
+    w = np.ones_like(seconds) if weights is None else weights
+    x = np.stack([np.ones_like(tokens, dtype=float), tokens.astype(float)], 1) * w[:, None]
+    y = seconds * w
+    (alpha, beta), *_ = np.linalg.lstsq(x, y, rcond=None)
+    if beta < 0:  # flat: the mean time
+        alpha, beta = float(np.average(seconds, weights=w)), 0.0
+    if alpha < 0:  # through the origin
+        alpha, beta = 0.0, float((tokens * seconds * w * w).sum() / (tokens * tokens * w * w).sum())
+    return StepCost(float(alpha), float(beta))
+
+
+def profile_key(model: str, dtype: str, max_num_seqs: int) -> str:
+    cpu = platform.processor() or platform.machine()
+    try:
+        cpu = next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text()
+                   .splitlines() if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    raw = f"{Path(model).name}|{dtype}|{max_num_seqs}|{cpu}|{platform.node()}"
+    return hashlib.sha256(raw.encode()).hexdigest()[:16]
+
+
+def profile_path(key: str) -> Path:
+    from .target import cache_dir
+
+    return cache_dir() / "cost" / f"{key}.json"
+
+
+class CostModel:
+    def __init__(self, profile: list[tuple[int, float]] | None = None) -> None:
+        self.profile = list(profile or [])
+        self.samples: deque[tuple[int, float]] = deque(maxlen=WINDOW)
+        self.refits = 0
+        self._since = 0
+        self.cost = fit(*map(np.asarray, zip(*self.profile))) if len(self.profile) >= 2 else PRIOR
+
+    @classmethod
+    def load(cls, path: Path) -> CostModel:
+        if path.is_file():
+            return cls([tuple(p) for p in json.loads(path.read_text())["points"]])
+        return cls()
+
+    def observe(self, tokens: int, seconds: float) -> bool:
+        """Record one step; returns True when this observation triggered a refit."""
+        if tokens <= 0 or not np.isfinite(seconds) or seconds <= 0:
+            return False
+        self.samples.append((tokens, seconds))
+        self._since += 1
+        if self._since < REFIT_EVERY:
+            return False
+        self._since = 0
+        pts = list(self.samples) + self.profile
+        w = np.array([1.0] * len(self.samples) + [PROFILE_WEIGHT] * len(self.profile))
+        t, s = (np.asarray(v, float) for v in zip(*pts))
+        if len(set(t.tolist())) < 2:
+            return False  # one batch size only: the slope is not identifiable yet
+        self.cost = fit(t, s, w)
+        self.refits += 1
+        return True
+
+    def table(self, tokens=(1, 2, 4, 8, 16, 32, 64, 128)) -> dict[int, float]:
+        return {t: self.cost.seconds(t) for t in tokens}

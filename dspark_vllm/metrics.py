@@ -1,0 +1,182 @@
+"""DSpark metrics: counted in the engine process, served on vLLM's own /metrics.
+
+The scheduler (EngineCore process) keeps the numbers and publishes a small JSON snapshot
+at most every PUBLISH_INTERVAL seconds; the API server process registers a Prometheus
+collector that reads the snapshot at scrape time. The same snapshot backs the JSON status
+view (`/dspark/status`, endpoint plugin).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+from collections import deque
+from pathlib import Path
+
+PUBLISH_INTERVAL = 0.5  # seconds: scrapes see data at most this stale, writes stay cheap
+CALIBRATION_WINDOW = 2000  # recent verified slots per position in the calibration error
+ECE_BINS = 10
+BUDGET_BUCKETS = (0, 1, 2, 4, 8, 16, 32, 64, 128, 256)
+METRICS_ENV = "DSPARK_METRICS_FILE"
+
+
+def metrics_file() -> Path:
+    """The snapshot path shared by the API server and its engine (set before it starts)."""
+    if METRICS_ENV not in os.environ:
+        os.environ[METRICS_ENV] = str(Path(tempfile.mkdtemp(prefix="dspark-metrics-")) / "stats.json")
+    return Path(os.environ[METRICS_ENV])
+
+
+def _ece(pairs) -> float | None:
+    if not pairs:
+        return None
+    bins = [[0.0, 0.0, 0] for _ in range(ECE_BINS)]
+    for c, hit in pairs:
+        b = bins[min(int(c * ECE_BINS), ECE_BINS - 1)]
+        b[0], b[1], b[2] = b[0] + c, b[1] + hit, b[2] + 1
+    return sum(abs(s - h) for s, h, n in bins if n) / len(pairs)
+
+
+class DSparkStats:
+    def __init__(self, max_positions: int) -> None:
+        self.k = max_positions
+        self.drafted = self.admitted = self.dropped = 0
+        self.expected_accepted = 0.0
+        self.accepted = 0
+        self.verified_requests = 0
+        self.nan_confidences = 0
+        self.cost_refits = 0
+        self.steps = 0
+        self.draft_seconds = self.schedule_seconds = self.verify_seconds = 0.0
+        self.budget_buckets = [0] * (len(BUDGET_BUCKETS) + 1)
+        self.budget_sum = 0
+        self.last_budget = 0
+        self.last_per_request = 0.0
+        self.calibration = [deque(maxlen=CALIBRATION_WINDOW) for _ in range(max_positions)]
+        self._last_publish = 0.0
+        self.path = Path(os.environ[METRICS_ENV]) if METRICS_ENV in os.environ else None
+
+    def record_admission(self, drafted: int, admitted: int, survivals: list[float]) -> None:
+        self.drafted += drafted
+        self.admitted += admitted
+        self.dropped += drafted - admitted
+        self.expected_accepted += sum(survivals)
+
+    def record_budget(self, total: int, requests: int) -> None:
+        self.steps += 1
+        self.last_budget = total
+        self.budget_sum += total
+        self.last_per_request = total / requests if requests else 0.0
+        self.budget_buckets[next((i for i, b in enumerate(BUDGET_BUCKETS) if total <= b),
+                                 len(BUDGET_BUCKETS))] += 1
+
+    def record_outcome(self, survivals: list[float], accepted: int) -> None:
+        """One request's verification: its admitted survivals and the drafts accepted."""
+        self.accepted += min(accepted, len(survivals))
+        self.verified_requests += 1
+        prev = 1.0
+        for k, a in enumerate(survivals):
+            if k > accepted:  # slot k was never reached (an earlier draft was rejected)
+                break
+            cond = a / prev if prev > 0 else 0.0  # c_k, the conditional confidence
+            self.calibration[k].append((min(max(cond, 0.0), 1.0), float(k < accepted)))
+            prev = a
+
+    def snapshot(self) -> dict:
+        return {
+            "time": time.time(), "steps": self.steps, "drafted": self.drafted,
+            "admitted": self.admitted, "dropped": self.dropped,
+            "expected_accepted": self.expected_accepted, "accepted": self.accepted,
+            "verified_requests": self.verified_requests, "nan_confidences": self.nan_confidences,
+            "cost_refits": self.cost_refits,
+            "phase_seconds": {"draft": self.draft_seconds, "schedule": self.schedule_seconds,
+                              "verify": self.verify_seconds},
+            "budget": {"buckets": list(BUDGET_BUCKETS), "counts": self.budget_buckets,
+                       "sum": self.budget_sum, "last": self.last_budget,
+                       "last_per_request": self.last_per_request},
+            "calibration_error": [_ece(list(d)) for d in self.calibration],
+        }
+
+    def maybe_publish(self, status_fn=None, force: bool = False) -> None:
+        now = time.time()
+        if self.path is None or (not force and now - self._last_publish < PUBLISH_INTERVAL):
+            return
+        self._last_publish = now
+        snap = self.snapshot()
+        if status_fn is not None:
+            snap["status"] = status_fn()
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(snap))
+        tmp.replace(self.path)
+
+
+class DSparkCollector:
+    """Prometheus collector (API server process) over the engine's snapshot."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def collect(self):
+        from prometheus_client.core import (CounterMetricFamily, GaugeMetricFamily,
+                                            HistogramMetricFamily)
+
+        try:
+            s = json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            return
+        for name, key, doc in (
+                ("dspark_draft_tokens_drafted", "drafted", "Draft tokens proposed."),
+                ("dspark_draft_tokens_admitted", "admitted", "Draft tokens admitted for verification."),
+                ("dspark_draft_tokens_dropped", "dropped", "Draft tokens trimmed by the budget."),
+                ("dspark_accepted_tokens_expected", "expected_accepted",
+                 "Sum of survival products of admitted drafts (expected accepted)."),
+                ("dspark_accepted_tokens_actual", "accepted", "Admitted drafts accepted."),
+                ("dspark_confidence_nan", "nan_confidences", "Missing or NaN confidences."),
+                ("dspark_cost_model_refits", "cost_refits", "Online refits of the cost model."),
+                ("dspark_budget_steps", "steps", "Steps the budget policy ran.")):
+            yield CounterMetricFamily(name, doc, value=s[key])
+        phases = CounterMetricFamily("dspark_phase_seconds", "Time spent per phase.",
+                                     labels=["phase"])
+        for phase, v in s["phase_seconds"].items():
+            phases.add_metric([phase], v)
+        yield phases
+        b = s["budget"]
+        acc, buckets = 0, []
+        for edge, n in zip(b["buckets"] + ["+Inf"], b["counts"]):
+            acc += n
+            buckets.append((str(float(edge)) if edge != "+Inf" else edge, acc))
+        yield HistogramMetricFamily("dspark_verify_budget_tokens",
+                                    "Draft tokens admitted for verification per step.",
+                                    buckets=buckets, sum_value=b["sum"])
+        yield GaugeMetricFamily("dspark_verified_drafts_per_request",
+                                "Mean drafts verified per request in the last step.",
+                                value=b["last_per_request"])
+        cal = GaugeMetricFamily("dspark_confidence_calibration_error",
+                                "ECE of the conditional confidence per draft position.",
+                                labels=["position"])
+        for k, e in enumerate(s["calibration_error"]):
+            if e is not None:
+                cal.add_metric([str(k)], e)
+        yield cal
+        cm = (s.get("status") or {}).get("cost_model")
+        if cm:
+            yield GaugeMetricFamily("dspark_cost_model_alpha_seconds", "Fixed step cost.",
+                                    value=cm["alpha_s"])
+            yield GaugeMetricFamily("dspark_cost_model_beta_seconds",
+                                    "Step cost per scheduled token.", value=cm["beta_s_per_token"])
+
+
+_registered = {"done": False}
+
+
+def register_collector() -> Path:
+    """In the API server process: expose the engine's DSpark numbers on /metrics."""
+    path = metrics_file()
+    if not _registered["done"]:
+        from prometheus_client import REGISTRY
+
+        REGISTRY.register(DSparkCollector(path))
+        _registered["done"] = True
+    return path

@@ -1,0 +1,126 @@
+"""DSparkScheduler: vLLM's V1 Scheduler plus the load-aware verification budget.
+
+Only the difference from Scheduler lives here: after each step the drafts of every request
+are trimmed to the budget the policy grants (budget.py) before they are scheduled for
+verification; outcomes feed the cost model, the fallback acceptance estimator and the
+metrics. Selected automatically for method "dspark" with enable_adaptive_verification.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import time
+from collections import deque
+
+from vllm.v1.core.sched.scheduler import Scheduler
+
+from .budget import AcceptanceEstimator, admit_greedy, admit_top, production_budget, survival
+from .cost_model import CostModel, profile_key, profile_path
+from .metrics import DSparkStats
+
+log = logging.getLogger("dspark.scheduler")
+POLICIES = ("greedy", "production")
+
+
+class DSparkScheduler(Scheduler):
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        vc = self.vllm_config
+        sc = vc.speculative_config
+        self.max_drafts = sc.num_speculative_tokens
+        self.policy = os.environ.get("DSPARK_BUDGET_POLICY", "greedy")
+        if self.policy not in POLICIES:
+            raise ValueError(f"DSPARK_BUDGET_POLICY={self.policy!r}: use one of {POLICIES}")
+        key = profile_key(vc.model_config.model, str(vc.model_config.dtype),
+                          vc.scheduler_config.max_num_seqs)
+        self.cost_model = CostModel.load(profile_path(key))
+        self.estimator = AcceptanceEstimator(self.max_drafts)
+        self.stats = DSparkStats(self.max_drafts)
+        self._admitted: dict[str, list[float]] = {}  # req_id -> survivals of verified slots
+        self._history: deque[list[list[float]]] = deque(maxlen=3)  # survivals per step
+        self._step_start: float | None = None
+        self._step_tokens = 0
+        log.info("DSpark load-aware budget: policy=%s, cost %s (%s)", self.policy,
+                 self.cost_model.cost, "profiled" if self.cost_model.profile else "prior")
+
+    # ------------------------------------------------------------------ budget
+    def _confidences(self, draft_token_ids) -> list[list[float] | None]:
+        conf = getattr(draft_token_ids, "dspark_confidences", None)
+        if conf is None:
+            return [None] * len(draft_token_ids.req_ids)
+        return conf
+
+    def update_draft_token_ids(self, draft_token_ids) -> None:
+        t0 = time.perf_counter()
+        ids, surv = [], []
+        confidences = self._confidences(draft_token_ids)
+        for i, (req_id, drafts) in enumerate(zip(draft_token_ids.req_ids,
+                                                 draft_token_ids.draft_token_ids)):
+            req = self.requests.get(req_id)
+            if req is None or req.is_finished() or req.is_prefill_chunk or not drafts:
+                continue
+            conf = confidences[i]
+            if conf is None or len(conf) < len(drafts):
+                conf = self.estimator.rates(len(drafts))  # no confidence head: online estimate
+            nan = sum(1 for c in conf[: len(drafts)] if c is None or not math.isfinite(c))
+            if nan:
+                self.stats.nan_confidences += nan
+            ids.append(i)
+            surv.append(survival(conf[: len(drafts)]))
+        num_running = len(self.running)
+        token_budget = self.max_num_scheduled_tokens
+        if self.policy == "production" and len(self._history) >= 2:
+            total = production_budget(self._history[-2], num_running, num_running,
+                                      self.cost_model.cost, token_budget)
+            counts = admit_top(surv, total)
+        else:
+            counts = admit_greedy(surv, num_running, self.cost_model.cost, token_budget)
+        self._history.append(surv)
+        for i, s, n in zip(ids, surv, counts):
+            drafts = draft_token_ids.draft_token_ids[i]
+            self.stats.record_admission(len(drafts), n, s[:n])
+            del drafts[n:]  # verify only the admitted prefix
+            self._admitted[draft_token_ids.req_ids[i]] = s[:n]
+        self.stats.record_budget(sum(counts), len(ids))
+        self.stats.schedule_seconds += time.perf_counter() - t0
+        self.stats.draft_seconds += getattr(draft_token_ids, "dspark_draft_seconds", 0.0)
+        super().update_draft_token_ids(draft_token_ids)
+
+    # ---------------------------------------------------------------- feedback
+    def schedule(self, *args, **kwargs):
+        out = super().schedule(*args, **kwargs)
+        self._step_start = time.perf_counter()
+        self._step_tokens = out.total_num_scheduled_tokens
+        return out
+
+    def update_from_output(self, scheduler_output, model_runner_output):
+        if self._step_start is not None and self._step_tokens:
+            seconds = time.perf_counter() - self._step_start
+            if self.cost_model.observe(self._step_tokens, seconds):
+                self.stats.cost_refits += 1
+            self.stats.verify_seconds += seconds
+        sampled = model_runner_output.sampled_token_ids
+        for req_id, spec in scheduler_output.scheduled_spec_decode_tokens.items():
+            idx = model_runner_output.req_id_to_index.get(req_id)
+            if not spec or idx is None or not sampled:
+                continue
+            accepted = max(len(sampled[idx]) - 1, 0)
+            self.estimator.update(len(spec), accepted)
+            self.stats.record_outcome(self._admitted.pop(req_id, []), accepted)
+        out = super().update_from_output(scheduler_output, model_runner_output)
+        self.stats.maybe_publish(self._status)
+        return out
+
+    def _free_request(self, request, *args, **kwargs):
+        self._admitted.pop(request.request_id, None)
+        return super()._free_request(request, *args, **kwargs)
+
+    def _status(self) -> dict:
+        return {"policy": self.policy, "cost_model": {
+                    "alpha_s": self.cost_model.cost.alpha, "beta_s_per_token": self.cost_model.cost.beta,
+                    "refits": self.cost_model.refits, "profiled_points": len(self.cost_model.profile),
+                    "step_seconds_by_tokens": self.cost_model.table()},
+                "fallback_acceptance": self.estimator.rates(self.max_drafts),
+                "running": len(self.running), "tracked_requests": len(self._admitted)}

@@ -1,0 +1,85 @@
+"""Load-aware verification budget: Algorithm 1 properties, on tiny synthetic inputs."""
+
+import math
+import random
+
+import pytest
+
+from dspark_vllm.budget import (AcceptanceEstimator, StepCost, admit_greedy, admit_top,
+                                production_budget, survival)
+
+COST = StepCost(alpha=0.060, beta=0.0012)  # the shape measured on CPU engines
+
+
+def _random_survivals(rng, n, k=7):
+    return [survival([rng.uniform(0.3, 1.0) for _ in range(k)]) for _ in range(n)]
+
+
+def test_survival_is_a_cumulative_product_and_stops_at_nan():
+    assert survival([0.5, 0.5, 1.0]) == [0.5, 0.25, 0.25]
+    assert survival([0.9, float("nan"), 0.9]) == [0.9, 0.0, 0.0]
+    assert survival([0.9, None, 0.9])[1:] == [0.0, 0.0]
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_admission_is_a_prefix_and_within_the_token_budget(seed):
+    rng = random.Random(seed)
+    surv = _random_survivals(rng, rng.randint(1, 40))
+    budget = rng.randint(len(surv), len(surv) + 60)
+    n = admit_greedy(surv, len(surv), COST, budget)
+    assert all(0 <= x <= 7 for x in n)  # a count is a prefix: drafts 1..n
+    assert len(surv) + sum(n) <= budget
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_higher_load_never_raises_the_budget(seed):
+    rng = random.Random(seed)
+    surv = _random_survivals(rng, 4)
+    budgets = []
+    for extra in range(0, 64, 4):  # more requests in the batch without drafts
+        n = admit_greedy(surv + [[] for _ in range(extra)], 4 + extra, COST, 10_000)
+        budgets.append(n[:4])
+    for lo, hi in zip(budgets, budgets[1:]):
+        assert all(b <= a for a, b in zip(lo, hi))
+
+
+def test_quiet_engine_verifies_confident_drafts_busy_engine_fewer():
+    surv = [survival([0.9] * 7)]
+    quiet = admit_greedy(surv, 1, COST, 10_000)[0]
+    busy = admit_greedy(surv * 32, 32, COST, 10_000)[0]
+    assert quiet >= 4 and busy < quiet
+
+
+def test_greedy_stops_at_the_first_non_improving_admission():
+    # Two requests: one sure, one hopeless; goodput stops before the hopeless ones.
+    n = admit_greedy([[0.99, 0.98], [0.01, 0.001]], 2, COST, 100)
+    assert n == [2, 0]
+
+
+def test_admit_top_keeps_prefixes_and_total():
+    surv = [[0.9, 0.5], [0.8, 0.7]]
+    assert admit_top(surv, 3) == [1, 2]
+    assert admit_top(surv, 0) == [0, 0]
+
+
+def test_production_budget_reads_only_the_stale_confidences():
+    stale = [survival([0.9] * 7)] * 4
+    total = production_budget(stale, 4, 4, COST, 10_000)
+    # Fresh confidences only rank the slots; the total does not change with them.
+    fresh_a = admit_top([survival([0.99] * 7)] * 4, total)
+    fresh_b = admit_top([survival([0.2] * 7)] * 4, total)
+    assert sum(fresh_a) == total
+    assert sum(fresh_b) <= total
+    assert production_budget(stale, 4, 4, COST, 10_000) == total
+
+
+def test_estimator_learns_conditional_rates():
+    est = AcceptanceEstimator(3, decay=1.0, prior=0.5)
+    for _ in range(200):
+        est.update(3, 3)  # always all accepted
+    assert all(r > 0.95 for r in est.rates(3))
+    est2 = AcceptanceEstimator(3, decay=1.0)
+    for _ in range(200):
+        est2.update(3, 0)  # first always rejected: later positions never reached
+    r = est2.rates(3)
+    assert r[0] < 0.05 and math.isclose(r[1], 0.5) and math.isclose(r[2], 0.5)
