@@ -38,6 +38,13 @@ def _train(a: argparse.Namespace) -> None:
     from .train.recipe import VARIANTS
     from .train.trainer import TrainConfig, train
 
+    if a.variant == "mtp-1":
+        from .train.eagle import EagleConfig, train_eagle
+
+        print(train_eagle(EagleConfig(cache=a.cache, out=a.out, target=a.target,
+                                      epochs=a.epochs, max_steps=a.max_steps)))
+        return
+
     cfg = TrainConfig(cache=a.cache, out=a.out, target=a.target, epochs=a.epochs,
                       data_fraction=a.data_fraction, **VARIANTS[a.variant])
     for k in ("num_layers", "markov_rank", "block_size", "lr", "batch_size", "anchors",
@@ -85,6 +92,12 @@ def _audit(a: argparse.Namespace) -> None:
             json.dump(r, f, indent=2)
 
 
+def _demo(a: argparse.Namespace) -> None:
+    from .demo import run_demo
+
+    run_demo(a.drafter, a.num_speculative_tokens, not a.fixed, a.max_tokens, a.log)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="dspark", description=__doc__)
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -116,7 +129,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--out", required=True)
     s.add_argument("--target", default="default")
     s.add_argument("--variant", default="dspark-2l",
-                   choices=["dspark-2l", "parallel-2l", "parallel-5l"])
+                   choices=["dspark-2l", "parallel-2l", "parallel-5l", "mtp-1"])
     s.add_argument("--epochs", type=float, default=4.0)
     s.add_argument("--data-fraction", type=float, default=1.0)
     for k, t in (("num-layers", int), ("markov-rank", int), ("block-size", int), ("lr", float),
@@ -156,6 +169,14 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     s.add_argument("--json", default=None, help="write the report here")
     s.set_defaults(fn=_eval_acceptance)
+    s = sub.add_parser("demo", help="serve the bundled target + drafter, chat with it")
+    s.add_argument("--drafter", default=None, help="drafter directory (default: bundled)")
+    s.add_argument("--num-speculative-tokens", type=int, default=5)
+    s.add_argument("--fixed", action="store_true", help="fixed draft length, no load-aware budget")
+    s.add_argument("--max-tokens", type=int, default=160)
+    s.add_argument("--log", default="dspark-demo-server.log", help="server log file")
+    s.set_defaults(fn=_demo)
+
     s = sub.add_parser("audit-causality", help="Appendix A: shipped vs peeking budget policy")
     s.add_argument("--samples", type=int, default=200_000)
     s.add_argument("--seed", type=int, default=0)

@@ -36,14 +36,44 @@ def target_features(hidden_states: tuple[torch.Tensor, ...], layer_ids: list[int
     return torch.cat([hidden_states[i + 1] for i in layer_ids], dim=-1)
 
 
+class DSparkAdapter:
+    """The reference DSpark drafter: context = concatenated target layers."""
+
+    def __init__(self, drafter) -> None:
+        self.drafter, self.block = drafter, drafter.cfg.block_size
+
+    def features(self, hidden_states) -> torch.Tensor:
+        return target_features(hidden_states, self.drafter.cfg.target_layer_ids)
+
+    def propose(self, feats, tokens, anchor, t, gen, num_slots):
+        d = propose(self.drafter, feats, anchor, t, gen, num_slots=num_slots)
+        return d.tokens, self.drafter.to_target_probs(d.probs)
+
+
+class EagleAdapter:
+    """The MTP-1 baseline: one token from the EAGLE head over [embed(x_{t+1}); h_t]."""
+
+    def __init__(self, head, lm_head: torch.Tensor) -> None:
+        self.head, self.lm_head, self.block = head, lm_head, 1
+
+    def features(self, hidden_states) -> torch.Tensor:
+        return hidden_states[-1]  # the final post-norm hidden state
+
+    def propose(self, feats, tokens, anchor, t, gen, num_slots):
+        ids = torch.tensor([tokens[1:]])  # x_1 .. x_T (the anchor is the last)
+        logits = (self.head(ids, feats)[:, -1] @ self.lm_head.t()).float()  # [1, V]
+        q = target_probs(logits, t)
+        tok = torch.multinomial(q, 1, generator=gen)  # [1, 1]
+        return tok, q[:, None]
+
+
 class SpecDecoder:
     """One prompt at a time: greedy (temperature 0) or sampled exact speculative decoding."""
 
-    def __init__(self, target, drafter, eos_ids: set[int], temperature: float, block: int,
+    def __init__(self, target, adapter, eos_ids: set[int], temperature: float, block: int,
                  generator: torch.Generator) -> None:
-        self.target, self.drafter, self.eos = target, drafter, eos_ids
+        self.target, self.adapter, self.eos = target, adapter, eos_ids
         self.t, self.block, self.gen = temperature, block, generator
-        self.layer_ids = drafter.cfg.target_layer_ids
 
     def _sample(self, probs: torch.Tensor) -> torch.Tensor:
         return torch.multinomial(probs, 1, generator=self.gen).squeeze(-1)
@@ -55,29 +85,29 @@ class SpecDecoder:
         cache = DynamicCache()
         ids = torch.tensor([prompt_ids])
         out = self.target(ids, past_key_values=cache, output_hidden_states=True, use_cache=True)
-        feats = target_features(out.hidden_states, self.layer_ids)  # [1, T, F]
+        feats = self.adapter.features(out.hidden_states)  # [1, T, F]
         anchor = self._sample(target_probs(out.logits[0, -1:], self.t))  # [1]
+        tokens = list(prompt_ids) + [int(anchor)]  # everything up to the anchor
         emitted = [int(anchor)]
         rounds, accepted_at, reached_at = 0, [0] * self.block, [0] * self.block
         while len(emitted) < max_new_tokens and emitted[-1] not in self.eos:
-            t_len = feats.shape[1]
-            draft = propose(self.drafter, feats, anchor, self.t, self.gen, num_slots=self.block)
-            block = torch.cat([anchor[:, None], draft.tokens], 1)  # [1, 1 + g]
+            drafts, q = self.adapter.propose(feats, tokens, anchor, self.t, self.gen, self.block)
+            block = torch.cat([anchor[:, None], drafts], 1)  # [1, 1 + g]
             out = self.target(block, past_key_values=cache, output_hidden_states=True,
                               use_cache=True)
             p = target_probs(out.logits[0], self.t)[None]  # [1, g + 1, V]
-            q = self.drafter.to_target_probs(draft.probs)  # [1, g, V]
-            n_acc, nxt = speculative_sample(p, q, draft.tokens, generator=self.gen)
+            n_acc, nxt = speculative_sample(p, q, drafts, generator=self.gen)
             n = int(n_acc)
             for k in range(min(n + 1, self.block)):
                 reached_at[k] += 1
                 accepted_at[k] += k < n
             rounds += 1
             # Keep the target's state for the anchor and the accepted drafts only.
-            if n < draft.tokens.shape[1]:
-                cache.crop(-(draft.tokens.shape[1] - n))
-            feats = torch.cat([feats, target_features(out.hidden_states, self.layer_ids)[:, :1 + n]], 1)
-            new = draft.tokens[0, :n].tolist() + [int(nxt)]
+            if n < drafts.shape[1]:
+                cache.crop(-(drafts.shape[1] - n))
+            feats = torch.cat([feats, self.adapter.features(out.hidden_states)[:, :1 + n]], 1)
+            new = drafts[0, :n].tolist() + [int(nxt)]
+            tokens += new
             for tok in new:  # stop exactly at EOS / the token budget, like a server would
                 if len(emitted) >= max_new_tokens or emitted[-1] in self.eos:
                     break
@@ -98,33 +128,46 @@ def _random_drafter(target):
 
 
 def load_pair(target_path: str, drafter_path: str, dtype: torch.dtype = torch.float32):
+    """(target, tokenizer, adapter) for a DSpark drafter, an MTP-1 head or 'random'."""
+    import json
+    from pathlib import Path
+
     from .drafter.checkpoint import load_drafter
     from .target import load_target
 
     target, tok = load_target(target_path, dtype=dtype)
+    emb, head = target.get_input_embeddings().weight, target.get_output_embeddings().weight
     if drafter_path == "random":
-        drafter = _random_drafter(target).to(dtype)
-    else:
-        drafter = load_drafter(drafter_path, target.get_input_embeddings().weight,
-                               target.get_output_embeddings().weight,
-                               target_num_layers=target.config.num_hidden_layers, dtype=dtype)
-    return target, tok, drafter.eval()
+        return target, tok, DSparkAdapter(_random_drafter(target).to(dtype))
+    cfg_path = Path(drafter_path) / "config.json"
+    archs = json.loads(cfg_path.read_text()).get("architectures", []) if cfg_path.is_file() else []
+    if "LlamaForCausalLM" in archs:
+        from safetensors.torch import load_file
+
+        from .train.eagle import EagleHead
+
+        eagle = EagleHead(target.config, emb)
+        eagle.load_state_dict(load_file(str(Path(drafter_path) / "model.safetensors")))
+        return target, tok, EagleAdapter(eagle.to(dtype).eval(), head)
+    drafter = load_drafter(drafter_path, emb, head,
+                           target_num_layers=target.config.num_hidden_layers, dtype=dtype)
+    return target, tok, DSparkAdapter(drafter.eval())
 
 
 def evaluate(cfg: EvalConfig) -> dict:
     from tqdm import tqdm
 
     dtype = getattr(torch, cfg.dtype)
-    target, tok, drafter = load_pair(cfg.target, cfg.drafter, dtype)
-    block = cfg.block_size or drafter.cfg.block_size
-    if not 1 <= block <= drafter.cfg.block_size:
-        raise ValueError(f"--block-size {block}: must be in 1..{drafter.cfg.block_size} "
+    target, tok, adapter = load_pair(cfg.target, cfg.drafter, dtype)
+    block = cfg.block_size or adapter.block
+    if not 1 <= block <= adapter.block:
+        raise ValueError(f"--block-size {block}: must be in 1..{adapter.block} "
                          "(the drafter's trained block)")
     prompts = load_eval_set(cfg.data, limit=cfg.limit, per_category=cfg.per_category, seed=cfg.seed)
     gen_eos = getattr(target.generation_config, "eos_token_id", None)
     eos = {tok.eos_token_id} | set(gen_eos if isinstance(gen_eos, list) else [gen_eos])
     gen = torch.Generator().manual_seed(cfg.seed)
-    dec = SpecDecoder(target, drafter, {e for e in eos if e is not None}, cfg.temperature,
+    dec = SpecDecoder(target, adapter, {e for e in eos if e is not None}, cfg.temperature,
                       block, gen)
     cats: dict[str, dict] = {}
     t0 = time.time()

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import os
 
-log = logging.getLogger("dspark.plugin")
+log = logging.getLogger("vllm.dspark.plugin")
 _state = {"registered": False, "engine": False}
 
 
@@ -22,13 +22,15 @@ def register() -> None:
     import vllm
 
     from .config import ACTIVE_ENV, supported_range, vllm_version_ok
-    from .patches import v1_gate
+    from .patches import adaptive_gate, v1_gate
 
     ok = vllm_version_ok(vllm.__version__)
     if not ok:
         log.warning("dspark-vllm supports vllm%s, found %s: method 'dspark' will be refused",
                     supported_range(), vllm.__version__)
     v1_gate.apply(ok, vllm.__version__)
+    if ok:
+        adaptive_gate.apply()
     if ok and os.environ.get(ACTIVE_ENV) == "1":
         install_engine_patches()
 

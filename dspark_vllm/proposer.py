@@ -20,7 +20,7 @@ from vllm.v1.spec_decode.dflash import DFlashProposer
 
 from .sequential import sample_block
 
-log = logging.getLogger("dspark.proposer")
+log = logging.getLogger("vllm.dspark.proposer")
 
 
 @contextlib.contextmanager

@@ -20,7 +20,7 @@ from .budget import AcceptanceEstimator, admit_greedy, admit_top, production_bud
 from .cost_model import CostModel, profile_key, profile_path
 from .metrics import DSparkStats
 
-log = logging.getLogger("dspark.scheduler")
+log = logging.getLogger("vllm.dspark.scheduler")
 POLICIES = ("greedy", "production")
 
 

@@ -2,6 +2,7 @@
 which upstream change would remove it. `apply()` in every module is idempotent.
 
   v1_gate.py             VllmConfig._get_v1_model_runner_unsupported_features
+  adaptive_gate.py       VllmConfig._validate_adaptive_verification (V2-only graph rule)
   v1_drafter.py          GPUModelRunner.__init__ (build DSparkProposer for method dspark)
   draft_confidences.py   GPUModelRunner.take_draft_token_ids (confidences -> scheduler)
   cpu_seeded_sampling.py GPUModelRunner._bookkeeping_sync (seeded requests crash on CPU)

@@ -16,7 +16,7 @@ import logging
 
 from . import is_patched, mark
 
-log = logging.getLogger("dspark.plugin")
+log = logging.getLogger("vllm.dspark.plugin")
 REFUSED = ("dspark speculative decoding", "adaptive draft verification")
 
 

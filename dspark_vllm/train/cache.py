@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-log = logging.getLogger("dspark.cache")
+log = logging.getLogger("vllm.dspark.cache")
 FP16_MAX = 65000.0
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-log = logging.getLogger("dspark.make_data")
+log = logging.getLogger("vllm.dspark.make_data")
 
 
 @dataclass

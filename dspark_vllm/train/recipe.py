@@ -14,13 +14,14 @@ from pathlib import Path
 
 from .trainer import TrainConfig
 
-log = logging.getLogger("dspark.recipe")
+log = logging.getLogger("vllm.dspark.recipe")
 
 # The variants trained on the same data with the same recipe (issue: default + ablations).
 VARIANTS: dict[str, dict] = {
     "dspark-2l": dict(num_layers=2, markov_rank=64, confidence_head=True),
     "parallel-2l": dict(num_layers=2, markov_rank=0, confidence_head=False),
     "parallel-5l": dict(num_layers=5, markov_rank=0, confidence_head=False),
+    "mtp-1": {},  # the one-layer EAGLE-style head (train/eagle.py)
 }
 
 
@@ -63,11 +64,19 @@ def run_recipe(cfg: RecipeConfig) -> dict:
     for name in cfg.variants:
         for frac in cfg.data_fractions:
             run = name if frac == 1.0 else f"{name}-data{int(frac * 100)}"
+            t2 = time.time()
+            if name == "mtp-1":
+                from .eagle import EagleConfig, train_eagle
+
+                ec = EagleConfig(cache=str(out / "cache"), out=str(out / run), target=target,
+                                 epochs=cfg.epochs / 2, max_steps=4 if cfg.quick else None)
+                results[run] = {"drafter": str(train_eagle(ec))}
+                timings[f"train_{run}_s"] = time.time() - t2
+                continue
             tc = TrainConfig(cache=str(out / "cache"), out=str(out / run), target=target,
                              epochs=cfg.epochs, data_fraction=frac, **VARIANTS[name])
             if cfg.quick:
                 tc = replace(tc, epochs=1.0, batch_size=4, anchors=8, log_every=2, save_every=5)
-            t2 = time.time()
             drafter = train(tc)
             timings[f"train_{run}_s"] = time.time() - t2
             rep = None

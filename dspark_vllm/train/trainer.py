@@ -26,7 +26,7 @@ from ..drafter.model import DSparkDrafter, block_inputs, block_mask
 from .cache import FeatureCache
 from .loss import LossWeights, dspark_loss
 
-log = logging.getLogger("dspark.train")
+log = logging.getLogger("vllm.dspark.train")
 
 
 @dataclass
