@@ -92,7 +92,8 @@ class DSparkProposer(DFlashProposer):
         out = sample_block(self.model, hidden_states.view(b, k, -1),
                            self.input_ids[self._anchor_rows[:b]].long(), temperature,
                            self._conf_temps[:k], want_probs=probabilistic,
-                           target_vocab_size=self.vllm_config.model_config.get_vocab_size())
+                           target_vocab_size=self.vllm_config.model_config.get_vocab_size(),
+                           positions=self.positions[: b * k].view(b, k))
         self.last_confidences = None if out.confidence is None else out.confidence.float().cpu()
         probs = None if out.probs is None else out.probs.flatten(0, 1)
         return out.tokens.flatten(), probs

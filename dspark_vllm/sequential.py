@@ -37,33 +37,33 @@ def sample_block(
     conf_temps: torch.Tensor,  # [K] Sequential Temperature Scaling
     want_probs: bool,
     target_vocab_size: int,
+    positions: torch.Tensor | None = None,  # [B, K] token positions (keys the random stream)
 ) -> SampledBlock:
+    import kernels
+
     b, k, _ = h.shape
-    base = model.compute_draft_logits(h.flatten(0, 1)).view(b, k, -1).float()  # [B, K, Vd]
-    vd = base.shape[-1]
-    cols = _draft_to_target_columns(model, vd, h.device)
+    base = model.compute_draft_logits(h.flatten(0, 1)).view(b, k, -1)  # [B, K, Vd]
+    cols = _draft_to_target_columns(model, base.shape[-1], h.device)
+    head = model.model.markov_head
+    w1, w2 = head.markov_w1.weight, head.markov_w2.weight  # [V, r], [Vd, r]
     conf_head = model.model.confidence_head
-    greedy = None if temperature is None else temperature < GREEDY_EPS
+    t = torch.zeros(b, device=h.device) if temperature is None else \
+        torch.where(temperature < GREEDY_EPS, 0.0, temperature.float())
+    # A fresh random stream per step and request; greedy rows ignore it.
+    seed = torch.randint(0, 2**62, (b,), device=h.device)
+    if positions is None:
+        positions = torch.arange(k, device=h.device).expand(b, k)
     prev = anchor
     tokens, probs, confs = [], [], []
     for i in range(k):
-        emb = model.markov_embed(prev)  # [B, r] W1[x_{i-1}]
-        logits = base[:, i] + model.markov_bias(emb).float()  # [B, Vd]
-        if conf_head is not None:
-            confs.append(torch.sigmoid(conf_head(h[:, i], emb).float() / conf_temps[i]))
-        if temperature is None:
-            d = logits.argmax(-1)
-        else:
-            q = torch.softmax(logits / torch.where(greedy, 1.0, temperature)[:, None], -1)
-            # Exponential race == sampling from q (Gumbel-max in probability space).
-            sampled = (q / torch.empty_like(q).exponential_()).argmax(-1)
-            d = torch.where(greedy, logits.argmax(-1), sampled)
-            if want_probs:
-                if cols is None:
-                    probs.append(q)
-                else:
-                    full = q.new_zeros(b, target_vocab_size)
-                    probs.append(full.index_copy_(1, cols, q))
+        if conf_head is not None:  # reads x_{i-1} (prev), never x_i
+            confs.append(_confidence(conf_head, h[:, i], prev, w1, conf_temps[i]))
+        # Fused rescoring: U_i + W1[x_{i-1}] W2^T, then argmax / Gumbel-max (kernels/).
+        d, _, _, q = kernels.transition_step(base[:, i], prev, w1, w2, t, seed,
+                                             positions[:, i].long(), want_probs=want_probs)
+        if want_probs:
+            probs.append(q if cols is None else
+                         q.new_zeros(b, target_vocab_size).index_copy_(1, cols, q))
         prev = model.map_draft_to_target(d)
         tokens.append(prev)
     return SampledBlock(
@@ -71,3 +71,14 @@ def sample_block(
         probs=torch.stack(probs, 1) if probs else None,
         confidence=torch.stack(confs, 1) if confs else None,
     )
+
+
+def _confidence(head, h: torch.Tensor, prev: torch.Tensor, w1: torch.Tensor,
+                temp: torch.Tensor) -> torch.Tensor:
+    """sigmoid((w^T [h; W1[prev]] + b) / T): the calibration temperature folds into w, b."""
+    w, b = head.proj.weight.view(-1) / temp, head.proj.bias.view(-1) / temp
+    if head.with_markov:
+        import kernels
+
+        return kernels.confidence(h, prev, w1, w, b)
+    return torch.sigmoid(h.float() @ w.float() + b.float())

@@ -1,0 +1,1 @@
+"""Benchmark scripts (offline acceptance, serving sweeps, kernels); run as modules."""

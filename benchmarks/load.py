@@ -1,0 +1,102 @@
+"""Load generation against an OpenAI-compatible server: closed loop or open-loop Poisson.
+
+Every request streams; per request we record TTFT, TPOT (mean inter-token time after the
+first token) and the number of completion tokens. Loops are bounded in requests and time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from dataclasses import dataclass
+
+
+@dataclass
+class RequestResult:
+    start: float
+    ttft: float
+    end: float
+    tokens: int
+
+    @property
+    def tpot(self) -> float | None:
+        return (self.end - self.start - self.ttft) / (self.tokens - 1) if self.tokens > 1 else None
+
+
+async def _one(client, prompt: list[dict], max_tokens: int, temperature: float) -> RequestResult:
+    start = time.perf_counter()
+    first, tokens = None, 0
+    stream = await client.chat.completions.create(
+        model="target", messages=prompt, max_tokens=max_tokens, temperature=temperature,
+        stream=True, stream_options={"include_usage": True})
+    async for chunk in stream:
+        if chunk.choices and chunk.choices[0].delta.content and first is None:
+            first = time.perf_counter() - start
+        if chunk.usage:
+            tokens = chunk.usage.completion_tokens
+    end = time.perf_counter()
+    return RequestResult(start, first if first is not None else end - start, end, tokens)
+
+
+async def closed_loop(url: str, prompts: list[list[dict]], concurrency: int, num_requests: int,
+                      max_tokens: int, temperature: float = 0.0, warmup: int = 0,
+                      max_seconds: float = 600) -> tuple[list[RequestResult], float]:
+    """`concurrency` users, each sending its next request when the last one finishes."""
+    from openai import AsyncOpenAI
+
+    client = AsyncOpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=600)
+    counter = {"next": 0}
+    results: list[RequestResult] = []
+    deadline = time.perf_counter() + max_seconds
+
+    async def user():
+        while time.perf_counter() < deadline:
+            i = counter["next"]
+            if i >= warmup + num_requests:
+                return
+            counter["next"] += 1
+            r = await _one(client, prompts[i % len(prompts)], max_tokens, temperature)
+            if i >= warmup:
+                results.append(r)
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(user() for _ in range(concurrency)))
+    window = max(r.end for r in results) - min(r.start for r in results) if results else 0.0
+    await client.close()
+    return results, window or (time.perf_counter() - t0)
+
+
+async def open_loop(url: str, prompts: list[list[dict]], rate: float, num_requests: int,
+                    max_tokens: int, temperature: float = 0.0, seed: int = 0
+                    ) -> tuple[list[RequestResult], float]:
+    """Poisson arrivals at `rate` requests per second."""
+    from openai import AsyncOpenAI
+
+    client = AsyncOpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=600)
+    rng = random.Random(seed)
+    tasks = []
+    for i in range(num_requests):
+        tasks.append(asyncio.create_task(_one(client, prompts[i % len(prompts)], max_tokens,
+                                              temperature)))
+        await asyncio.sleep(rng.expovariate(rate))
+    results = list(await asyncio.gather(*tasks))
+    await client.close()
+    return results, max(r.end for r in results) - min(r.start for r in results)
+
+
+def summarize(results: list[RequestResult], window: float) -> dict:
+    import numpy as np
+
+    tpots = np.array([r.tpot for r in results if r.tpot is not None])
+    ttfts = np.array([r.ttft for r in results])
+    tokens = sum(r.tokens for r in results)
+    return {
+        "requests": len(results), "tokens": tokens, "seconds": window,
+        "throughput_tok_s": tokens / window if window else 0.0,
+        "per_user_tok_s": float(1.0 / tpots.mean()) if len(tpots) else None,
+        "tpot_p50_ms": float(np.percentile(tpots, 50) * 1e3) if len(tpots) else None,
+        "tpot_p99_ms": float(np.percentile(tpots, 99) * 1e3) if len(tpots) else None,
+        "ttft_p50_ms": float(np.percentile(ttfts, 50) * 1e3) if len(ttfts) else None,
+        "ttft_p99_ms": float(np.percentile(ttfts, 99) * 1e3) if len(ttfts) else None,
+    }

@@ -1,0 +1,119 @@
+"""Offline acceptance tables: tau per category and per-position acceptance, for every
+drafter, at temperature 0 and 1 (reference implementation, exact speculative sampling).
+
+    python -m benchmarks.offline_acceptance --out benchmarks/results/acceptance [--quick]
+        [--drafter NAME=DIR ...]
+
+Defaults to the bundled DSpark drafter plus the ablations and MTP-1 under runs/smollm2/.
+Writes acceptance.json, acceptance.md and per_position.png. Resumable per (drafter, temp).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+from pathlib import Path
+
+from dspark_vllm.evaluate import EvalConfig, evaluate
+from dspark_vllm.serving import BUNDLED_DRAFTER
+
+DEFAULT_DRAFTERS = {
+    "dspark-2l": str(BUNDLED_DRAFTER),
+    "parallel-2l": "runs/smollm2/parallel-2l/drafter",
+    "parallel-5l": "runs/smollm2/parallel-5l/drafter",
+    "mtp-1": "runs/smollm2/mtp-1/drafter",
+}
+SETS = ("spec_bench", "humaneval", "gsm8k")
+
+
+def run(args) -> dict:
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "acceptance.json"
+    results = json.loads(path.read_text()) if path.is_file() else {}
+    drafters = dict(d.split("=", 1) for d in args.drafter) if args.drafter else DEFAULT_DRAFTERS
+    for name, d in drafters.items():
+        if d != "random" and not Path(d, "config.json").is_file():
+            print(f"skip {name}: no drafter at {d}")
+            continue
+        for t in args.temperatures:
+            key = f"{name}@t{t:g}"
+            if key in results:
+                continue
+            row = {}
+            for s in SETS:
+                per_cat = args.per_category if s == "spec_bench" else None
+                limit = None if s == "spec_bench" else args.limit
+                rep = evaluate(EvalConfig(drafter=d, data=s, temperature=t, limit=limit,
+                                          per_category=per_cat, max_new_tokens=args.max_new_tokens,
+                                          seed=args.seed))
+                row[s] = rep
+                print(f"{key} {s}: tau {rep['tau']:.3f} macro {rep['tau_macro']:.3f} "
+                      f"({rep['wall_seconds']:.0f}s)", flush=True)
+            results[key] = row
+            path.write_text(json.dumps(results, indent=1))
+    write_tables(out, results)
+    return results
+
+
+def macro_spec_bench(row: dict) -> float:
+    return row["spec_bench"]["tau_macro"]
+
+
+def write_tables(out: Path, results: dict) -> None:
+    cats = sorted({c for r in results.values() for c in r["spec_bench"]["per_category"]})
+    lines = [f"# Offline acceptance length tau ({datetime.date.today()})", "",
+             "tau = tokens per verification round (bonus included); Spec-Bench first turns, "
+             "macro = mean over its categories.", "",
+             "| drafter | " + " | ".join(cats) + " | Spec-Bench macro | HumanEval | GSM8K held-out |",
+             "|---|" + "---|" * (len(cats) + 3)]
+    for key, r in results.items():
+        pc = r["spec_bench"]["per_category"]
+        lines.append(f"| {key} | " + " | ".join(f"{pc[c]['tau']:.2f}" if c in pc else "-" for c in cats)
+                     + f" | {macro_spec_bench(r):.2f} | {r['humaneval']['tau']:.2f} | "
+                     f"{r['gsm8k']['tau']:.2f} |")
+    lines += ["", "Per-position conditional acceptance (GSM8K held-out):", "",
+              "| drafter | " + " | ".join(f"k={k + 1}" for k in range(7)) + " |", "|---|" + "---|" * 7]
+    for key, r in results.items():
+        rates = r["gsm8k"]["accept_rate"] + [None] * 7
+        lines.append(f"| {key} | " + " | ".join("-" if a is None else f"{a:.2f}" for a in rates[:7]) + " |")
+    (out / "acceptance.md").write_text("\n".join(lines) + "\n")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for key, r in results.items():
+        rates = [a for a in r["gsm8k"]["accept_rate"] if a is not None]
+        ax.plot(range(1, len(rates) + 1), rates, marker="o", label=key)
+    ax.set_xlabel("draft position k")
+    ax.set_ylabel("P(accept k | 1..k-1 accepted)")
+    ax.set_ylim(0, 1)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out / "per_position.png", dpi=120)
+    plt.close(fig)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", default="benchmarks/results/acceptance")
+    p.add_argument("--drafter", nargs="*", help="NAME=DIR (DIR may be 'random')")
+    p.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
+    p.add_argument("--per-category", type=int, default=6, help="Spec-Bench prompts per category")
+    p.add_argument("--limit", type=int, default=30, help="HumanEval / GSM8K prompts")
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--quick", action="store_true", help="one prompt per set, 8 tokens (tests)")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.per_category, args.limit, args.max_new_tokens = 1, 1, 8
+        args.temperatures = args.temperatures[:1]
+    run(args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,128 @@
+"""Tables and plots of a serving sweep, including the paper's matched-throughput view."""
+
+from __future__ import annotations
+
+import datetime
+import platform
+import subprocess
+from pathlib import Path
+
+import numpy as np
+
+BASELINE = "mtp-1"
+
+
+def _frontier(points: dict) -> tuple[np.ndarray, np.ndarray]:
+    """(throughput, per-user speed) sorted by throughput."""
+    xs = [(p["median"]["throughput_tok_s"], p["median"].get("per_user_tok_s") or 0.0)
+          for p in points.values()]
+    xs.sort()
+    return np.array([x for x, _ in xs]), np.array([y for _, y in xs])
+
+
+def per_user_at(points: dict, throughput: float) -> float | None:
+    """Per-user speed of a configuration at a given aggregate throughput (interpolated on
+    its measured frontier; None outside the measured range)."""
+    t, u = _frontier(points)
+    if not len(t) or throughput < t[0] - 1e-9 or throughput > t[-1] + 1e-9:
+        return None
+    return float(np.interp(throughput, t, u))
+
+
+def throughput_at(points: dict, per_user: float) -> float | None:
+    t, u = _frontier(points)
+    order = np.argsort(u)
+    if not len(u) or per_user < u.min() or per_user > u.max():
+        return None
+    return float(np.interp(per_user, u[order], t[order]))
+
+
+def matched(results: dict, baseline: str = BASELINE) -> dict:
+    if baseline not in results:
+        return {}
+    base = results[baseline]["points"]
+    out = {}
+    for name, r in results.items():
+        rows = []
+        for c, p in base.items():
+            thr, bu = p["median"]["throughput_tok_s"], p["median"].get("per_user_tok_s")
+            u = per_user_at(r["points"], thr)
+            rows.append({"baseline_concurrency": int(c), "throughput": thr,
+                         "baseline_per_user": bu, "per_user": u,
+                         "ratio": (u / bu) if (u and bu) else None})
+        out[name] = rows
+    return out
+
+
+def _git() -> str:
+    try:
+        return subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], text=True).strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def write_report(out: Path, results: dict) -> None:
+    cpu = platform.processor() or platform.machine()
+    try:
+        cpu = next(x.split(":", 1)[1].strip() for x in Path("/proc/cpuinfo").read_text().splitlines()
+                   if x.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    lines = [f"# Serving sweep ({datetime.date.today()}, commit {_git()}, {cpu}, "
+             f"{len(__import__('os').sched_getaffinity(0))} cores)", "",
+             "| config | conc | per-user tok/s | throughput tok/s | TTFT p50/p99 ms | "
+             "TPOT p50/p99 ms | tau | verified drafts/step |", "|---|---|---|---|---|---|---|---|"]
+    for name, r in results.items():
+        for c, p in r["points"].items():
+            m = p["median"]
+            lines.append(
+                f"| {name} | {c} | {m.get('per_user_tok_s', 0):.1f} | {m['throughput_tok_s']:.1f} | "
+                f"{m.get('ttft_p50_ms', 0):.0f}/{m.get('ttft_p99_ms', 0):.0f} | "
+                f"{m.get('tpot_p50_ms', 0):.0f}/{m.get('tpot_p99_ms', 0):.0f} | "
+                f"{m['acceptance_length']:.2f} | {m['verified_drafts_per_request_step']:.2f} |")
+    mt = matched(results)
+    if mt:
+        lines += ["", f"## Per-user speed at matched throughput (vs {BASELINE})", "",
+                  "| config | " + " | ".join(f"@{r['throughput']:.0f} tok/s (c={r['baseline_concurrency']})"
+                                            for r in mt[BASELINE]) + " |",
+                  "|---|" + "---|" * len(mt[BASELINE])]
+        for name, rows in mt.items():
+            lines.append(f"| {name} | " + " | ".join(
+                f"{r['ratio']:.2f}x" if r["ratio"] else "-" for r in rows) + " |")
+    (out / "sweep.md").write_text("\n".join(lines) + "\n")
+    _plots(out, results)
+
+
+def _plots(out: Path, results: dict) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 5))
+    for name, r in results.items():
+        t, u = _frontier(r["points"])
+        ax.plot(t, u, marker="o", label=name)
+    ax.set_xlabel("aggregate output throughput (tok/s)")
+    ax.set_ylabel("per-user decode speed (tok/s, 1/TPOT)")
+    ax.set_title("Per-user speed vs throughput (concurrency 1 -> 16)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out / "frontier.png", dpi=120)
+    plt.close(fig)
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for name, r in results.items():
+        if r["spec"] is None:
+            continue
+        cs = sorted(int(c) for c in r["points"])
+        ax.plot(cs, [r["points"][str(c)]["median"]["verified_drafts_per_request_step"] for c in cs],
+                marker="o", label=name)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("concurrency")
+    ax.set_ylabel("verified drafts per request per step")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out / "verified.png", dpi=120)
+    plt.close(fig)

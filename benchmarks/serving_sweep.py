@@ -1,0 +1,147 @@
+"""Online serving sweep: every configuration through `vllm serve`, streaming OpenAI clients.
+
+Configurations: no speculation, MTP-1 (EAGLE head, 1 token), DSpark with fixed draft
+lengths, DSpark with the load-aware budget, and vLLM's own batch-size schedule
+(`num_speculative_tokens_per_batch_size`) on the DSpark drafter as a peer.
+
+    python -m benchmarks.serving_sweep --out benchmarks/results/serving [--quick]
+
+Writes sweep.json (raw + medians), sweep.md (tables, matched-throughput comparison) and
+frontier.png / verified.png. Warm-up requests are excluded; each point is repeated.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import time
+from pathlib import Path
+
+from benchmarks.load import closed_loop, open_loop, summarize
+from dspark_vllm.serving import BUNDLED_DRAFTER, VllmServer, metric_sum
+
+MAX_TOKENS = 128
+DEFAULT_MTP1 = "runs/smollm2/mtp-1/drafter"
+BATCH_SCHEDULE = [[1, 2, 7], [3, 4, 5], [5, 8, 3], [9, 16, 2], [17, 1024, 1]]
+
+
+def configs(dspark: str, mtp1: str, fixed: tuple[int, ...]) -> dict[str, dict | None]:
+    c: dict[str, dict | None] = {"no-spec": None}
+    if Path(mtp1, "config.json").is_file():
+        c["mtp-1"] = {"method": "eagle", "model": mtp1, "num_speculative_tokens": 1}
+    for k in fixed:
+        c[f"dspark-k{k}"] = {"method": "dspark", "model": dspark, "num_speculative_tokens": k}
+    c["dspark-adaptive"] = {"method": "dspark", "model": dspark, "num_speculative_tokens": 7,
+                            "enable_adaptive_verification": True}
+    c["vllm-batch-schedule"] = {"method": "dspark", "model": dspark, "num_speculative_tokens": 7,
+                                "num_speculative_tokens_per_batch_size": BATCH_SCHEDULE}
+    return c
+
+
+def prompt_set(n: int) -> list[list[dict]]:
+    from dspark_vllm.datasets import gsm8k_heldout, humaneval, load_eval_set
+
+    spec = load_eval_set("spec_bench", per_category=3, seed=1)
+    mix = [p["messages"] for p in gsm8k_heldout()[:n // 3]] + \
+        [p["messages"] for p in humaneval()[:n // 3]] + [p["messages"] for p in spec[:n // 3]]
+    return mix
+
+
+def measure(url, server, prompts, conc, reqs, warmup, repeats, open_rate=None):
+    runs = []
+    for rep in range(repeats):
+        before = server.metrics()
+        if open_rate:
+            res, window = asyncio.run(open_loop(url, prompts[rep:] + prompts[:rep], open_rate * conc,
+                                                reqs, MAX_TOKENS, seed=rep))
+        else:
+            res, window = asyncio.run(closed_loop(url, prompts[rep:] + prompts[:rep], conc, reqs,
+                                                  MAX_TOKENS, warmup=warmup))
+        after = server.metrics()
+        s = summarize(res, window)
+        d = {k: metric_sum(after, k) - metric_sum(before, k) for k in (
+            "vllm:spec_decode_num_drafts_total", "vllm:spec_decode_num_draft_tokens_total",
+            "vllm:spec_decode_num_accepted_tokens_total", "dspark_draft_tokens_admitted_total")}
+        drafts = d["vllm:spec_decode_num_drafts_total"]
+        s["acceptance_length"] = 1 + d["vllm:spec_decode_num_accepted_tokens_total"] / drafts if drafts else 1.0
+        s["verified_drafts_per_request_step"] = (d["vllm:spec_decode_num_draft_tokens_total"] / drafts
+                                                 if drafts else 0.0)
+        runs.append(s)
+    keys = [k for k, v in runs[0].items() if isinstance(v, (int, float)) and v is not None]
+    med = {k: statistics.median(r[k] for r in runs if r.get(k) is not None) for k in keys}
+    spread = {k: (min(r[k] for r in runs), max(r[k] for r in runs)) for k in
+              ("per_user_tok_s", "throughput_tok_s") if all(r.get(k) for r in runs)}
+    return {"median": med, "spread": spread, "runs": runs}
+
+
+def run_sweep(args) -> dict:
+    from dspark_vllm.target import prepare_target
+
+    target = str(prepare_target())
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    prompts = prompt_set(args.prompts)
+    cfgs = configs(args.drafter, args.mtp1, tuple(args.fixed))
+    if args.only:
+        cfgs = {k: v for k, v in cfgs.items() if k in args.only}
+    results = json.loads((out / "sweep.json").read_text())["results"] if (out / "sweep.json").is_file() \
+        and args.resume else {}
+    for name, spec in cfgs.items():
+        if name in results:
+            continue
+        print(f"== {name}: {spec}", flush=True)
+        server = VllmServer(target, spec=spec, log_path=out / f"{name}.log",
+                            enforce_eager=args.eager, max_model_len=2048,
+                            args=["--max-num-seqs", str(max(args.concurrency))])
+        t0 = time.time()
+        with server:
+            print(f"   up in {time.time() - t0:.0f}s", flush=True)
+            points = {}
+            for c in args.concurrency:
+                reqs = max(args.requests_per_user * c, args.min_requests)
+                points[str(c)] = measure(server.url, server, prompts, c, reqs, warmup=c,
+                                         repeats=args.repeats, open_rate=args.poisson)
+                m = points[str(c)]["median"]
+                print(f"   c={c:3d} per-user {m.get('per_user_tok_s', 0):6.1f} tok/s  "
+                      f"throughput {m['throughput_tok_s']:6.1f} tok/s  tau "
+                      f"{m['acceptance_length']:.2f}  verified/step "
+                      f"{m['verified_drafts_per_request_step']:.2f}", flush=True)
+        results[name] = {"spec": spec, "points": points}
+        (out / "sweep.json").write_text(json.dumps({"args": vars(args), "results": results}, indent=1))
+    from benchmarks.report import write_report
+
+    write_report(out, results)
+    return results
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", default="benchmarks/results/serving")
+    p.add_argument("--drafter", default=str(BUNDLED_DRAFTER))
+    p.add_argument("--mtp1", default=DEFAULT_MTP1)
+    p.add_argument("--fixed", type=int, nargs="+", default=[2, 3, 5, 7])
+    p.add_argument("--concurrency", type=int, nargs="+", default=[1, 2, 4, 8, 16])
+    p.add_argument("--requests-per-user", type=int, default=3)
+    p.add_argument("--min-requests", type=int, default=6)
+    p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--prompts", type=int, default=48)
+    p.add_argument("--poisson", type=float, default=None,
+                   help="open loop: Poisson arrivals at this rate per unit of concurrency (req/s)")
+    p.add_argument("--only", nargs="+", default=None, help="subset of configuration names")
+    p.add_argument("--resume", action="store_true", help="keep configurations already in sweep.json")
+    p.add_argument("--eager", action="store_true", help="--enforce-eager servers (faster start)")
+    p.add_argument("--quick", action="store_true", help="two configurations, tiny load (tests)")
+    args = p.parse_args(argv)
+    if args.quick:
+        global MAX_TOKENS
+        MAX_TOKENS = 16
+        args.only = args.only or ["no-spec", "dspark-adaptive"]
+        args.concurrency, args.requests_per_user, args.min_requests = [1, 2], 1, 2
+        args.repeats, args.prompts, args.eager = 1, 6, True
+    run_sweep(args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,49 @@
+"""The benchmark scripts keep working: their --quick modes and the report math."""
+
+import json
+
+import pytest
+
+from benchmarks.report import matched, per_user_at, throughput_at
+
+
+def _points(pairs):
+    return {str(c): {"median": {"throughput_tok_s": t, "per_user_tok_s": u}}
+            for c, (t, u) in zip((1, 2, 4), pairs)}
+
+
+def test_matched_throughput_interpolates_the_frontier():
+    base = _points([(10, 10), (18, 9), (30, 7.5)])
+    fast = _points([(16, 16), (28, 14), (40, 10)])
+    assert per_user_at(fast, 22) == pytest.approx(15.0)
+    assert per_user_at(fast, 10) is None  # outside the measured range
+    assert throughput_at(fast, 15.0) == pytest.approx(22.0)
+    m = matched({"mtp-1": {"points": base}, "dspark": {"points": fast}})
+    ratios = [r["ratio"] for r in m["dspark"]]
+    assert ratios[0] is None and ratios[1] == pytest.approx((16 - 2 * 2 / 12) / 9)
+
+
+def test_offline_acceptance_quick(tmp_path):
+    from benchmarks.offline_acceptance import main
+
+    main(["--quick", "--drafter", "random=random", "--out", str(tmp_path)])
+    r = json.loads((tmp_path / "acceptance.json").read_text())
+    assert set(r["random@t0"]) == {"spec_bench", "humaneval", "gsm8k"}
+    assert (tmp_path / "acceptance.md").read_text().count("| random@t0 |") == 2
+    assert (tmp_path / "per_position.png").stat().st_size > 0
+
+
+@pytest.mark.engine
+@pytest.mark.slow
+def test_serving_sweep_quick(tmp_path):
+    from benchmarks.serving_sweep import main
+    from tests.engine_utils import drafter_for_tests
+
+    drafter = drafter_for_tests(tmp_path)
+    main(["--quick", "--drafter", str(drafter), "--out", str(tmp_path / "sweep")])
+    r = json.loads((tmp_path / "sweep" / "sweep.json").read_text())["results"]
+    assert set(r) == {"no-spec", "dspark-adaptive"}
+    for name in r:
+        assert set(r[name]["points"]) == {"1", "2"}
+        assert r[name]["points"]["1"]["median"]["throughput_tok_s"] > 0
+    assert (tmp_path / "sweep" / "frontier.png").stat().st_size > 0
