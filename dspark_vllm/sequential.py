@@ -75,10 +75,11 @@ def sample_block(
 
 def _confidence(head, h: torch.Tensor, prev: torch.Tensor, w1: torch.Tensor,
                 temp: torch.Tensor) -> torch.Tensor:
-    """sigmoid((w^T [h; W1[prev]] + b) / T): the calibration temperature folds into w, b."""
-    w, b = head.proj.weight.view(-1) / temp, head.proj.bias.view(-1) / temp
-    if head.with_markov:
+    """sigmoid((w^T [h; W1[prev]] + b) / T); the calibration temperature folds into w, b."""
+    w = head.proj.weight
+    if head.with_markov and w.numel() == h.shape[-1] + w1.shape[1]:
         import kernels
 
-        return kernels.confidence(h, prev, w1, w, b)
-    return torch.sigmoid(h.float() @ w.float() + b.float())
+        return kernels.confidence(h, prev, w1, w.view(-1) / temp, head.proj.bias.view(-1) / temp)
+    # vLLM may repack linear weights for its CPU GEMM (leaving `weight` empty): use the module.
+    return torch.sigmoid(head(h, w1[prev]).float() / temp)

@@ -9,6 +9,17 @@ from dspark_vllm.sequential import sample_block
 from tests.conftest import make_drafter
 
 
+class _Head(nn.Module):
+    """vLLM's DSparkConfidenceHead call signature over the reference head."""
+
+    def __init__(self, head, with_markov):
+        super().__init__()
+        self.proj, self.with_markov = head.proj, with_markov
+
+    def forward(self, h, markov_embed):
+        return self.proj(torch.cat([h, markov_embed], -1).float()).squeeze(-1)
+
+
 class _VllmLike(nn.Module):
     """The attribute surface of vLLM's Qwen3DSparkForCausalLM that sample_block reads."""
 
@@ -18,15 +29,26 @@ class _VllmLike(nn.Module):
         self.draft_id_to_target_id = drafter.d2t
         self.model = nn.Module()
         self.model.markov_head = drafter.markov_head
-        head = drafter.confidence_head
-        head.with_markov = drafter.cfg.confidence_head_with_markov
-        self.model.confidence_head = head
+        self.model.confidence_head = _Head(drafter.confidence_head,
+                                           drafter.cfg.confidence_head_with_markov)
 
     def compute_draft_logits(self, h):
         return self.d.base_logits(h)
 
     def map_draft_to_target(self, ids):
         return self.d.draft_to_target(ids)
+
+
+def test_packed_weights_fall_back_to_the_module(tiny_target):
+    d = make_drafter(tiny_target, block=3)
+    m = _VllmLike(d)
+    h, anchor = torch.randn(2, 3, 64), torch.tensor([4, 9])
+    want = sample_block(m, h, anchor, None, torch.ones(3), False, 96).confidence
+    real = m.model.confidence_head.proj.weight.data.clone()
+    m.model.confidence_head.proj.forward = lambda x: x @ real.t() + m.model.confidence_head.proj.bias
+    m.model.confidence_head.proj.weight.data = torch.empty(0)  # as vLLM's CPU GEMM repacking
+    got = sample_block(m, h, anchor, None, torch.ones(3), False, 96).confidence
+    assert torch.allclose(got, want, atol=1e-6)
 
 
 def test_greedy_tokens_and_confidences_match_the_reference(tiny_target):
