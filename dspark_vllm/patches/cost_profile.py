@@ -1,0 +1,93 @@
+"""Patch: GPUModelRunner.initialize_kv_cache (also the CPU runner's, via super()).
+
+Why: the load-aware budget needs steps-per-second as a function of batch tokens on the
+running hardware. Once the KV cache exists, the worker can time real forward passes of
+uniform decode batches (B requests x q tokens) with vLLM's own dummy-run machinery; the
+profile is cached per model and machine and read by the scheduler at start-up. vLLM has
+no hook between "KV cache ready" and "scheduler built" that runs in the worker.
+Removed by: a worker-side start-up hook for plugins (or an upstream cost profile, as the
+V2 runner's adaptive verification has).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import os
+import time
+
+from . import is_patched, mark
+
+log = logging.getLogger("vllm.dspark.cost")
+BATCHES = (1, 2, 4, 8, 16)
+QUERY_LENS = (1, 2, 4, 8)
+CONTEXT = 256  # attention context of the profiled requests
+TIME_CAP_S = 45.0  # the whole profile stays bounded; unmeasured shapes are skipped
+REPEATS = 2
+
+
+def profile(runner) -> list[tuple[int, float]]:
+    """(batch tokens, step seconds) for uniform decode batches, within TIME_CAP_S."""
+    import torch
+
+    max_seqs = runner.scheduler_config.max_num_seqs
+    saved = runner.uniform_decode_query_len
+    points, t_end = [], time.perf_counter() + TIME_CAP_S
+    try:
+        for q in QUERY_LENS:
+            runner.uniform_decode_query_len = q
+            for b in (b for b in BATCHES if b <= max_seqs and b * q <= runner.max_num_tokens):
+                if time.perf_counter() > t_end:
+                    return points
+                times = []
+                for rep in range(REPEATS + 1):  # the first run warms up this shape
+                    t0 = time.perf_counter()
+                    runner._dummy_run(b * q, uniform_decode=True, force_attention=True,
+                                      profile_seq_lens=CONTEXT)
+                    if torch.cuda.is_available():
+                        torch.cuda.synchronize()
+                    if rep:
+                        times.append(time.perf_counter() - t0)
+                points.append((b * q, sorted(times)[len(times) // 2]))
+    finally:
+        runner.uniform_decode_query_len = saved
+    return points
+
+
+def apply() -> None:
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    orig = GPUModelRunner.initialize_kv_cache
+    if is_patched(orig):
+        return
+
+    @functools.wraps(orig)
+    def initialize_kv_cache(self, kv_cache_config, *args, **kwargs):
+        out = orig(self, kv_cache_config, *args, **kwargs)
+        sc = self.speculative_config
+        if (sc is None or sc.method != "dspark" or not sc.enable_adaptive_verification
+                or kwargs.get("is_profiling") or (args and args[0] is True)):
+            return out
+        from ..cost_model import profile_key, profile_path
+
+        mc = self.vllm_config.model_config
+        path = profile_path(profile_key(mc.model, str(mc.dtype), self.scheduler_config.max_num_seqs))
+        if path.is_file():
+            return out
+        t0 = time.perf_counter()
+        try:
+            points = profile(self)
+        except Exception as e:  # noqa: BLE001 - a failed profile must never stop the engine
+            log.warning("DSpark cost profile failed (%s); the budget starts from a prior "
+                        "and learns online", e)
+            return out
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps({"points": points, "context": CONTEXT}))
+        tmp.replace(path)
+        log.info("DSpark cost profile: %d shapes in %.1fs -> %s", len(points),
+                 time.perf_counter() - t0, path)
+        return out
+
+    GPUModelRunner.initialize_kv_cache = mark(initialize_kv_cache, "cost_profile")
