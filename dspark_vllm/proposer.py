@@ -47,7 +47,6 @@ class DSparkProposer(DFlashProposer):
         self.method = "dspark"
         k = self.num_speculative_tokens
         self._sample_rows = torch.arange(self.max_batch_size * k, dtype=torch.int64, device=device)
-        self._anchor_rows = torch.arange(self.max_batch_size, dtype=torch.int64, device=device) * k
         temps = getattr(hf, "dspark_confidence_temperatures", None) or [1.0] * k
         self._conf_temps = torch.tensor(temps, dtype=torch.float32, device=device)
         self.last_confidences: torch.Tensor | None = None  # [B, K] for the scheduler
@@ -94,8 +93,8 @@ class DSparkProposer(DFlashProposer):
         temperature = None
         if probabilistic:
             temperature = sampling_metadata.temperature[:b].float()  # 0 (or ~0) = greedy row
-        out = sample_block(self.model, hidden_states.view(b, k, -1),
-                           self.input_ids[self._anchor_rows[:b]].long(), temperature,
+        anchors = self.input_ids[: b * k : k].long()  # query slot 0 of each request: x_0
+        out = sample_block(self.model, hidden_states.view(b, k, -1), anchors, temperature,
                            self._conf_temps[:k], want_probs=probabilistic,
                            target_vocab_size=self.vllm_config.model_config.get_vocab_size(),
                            positions=self.positions[: b * k].view(b, k))

@@ -147,6 +147,24 @@ def test_preemption_keeps_greedy_outputs(target, drafter, prompts, reference, tm
     assert got == [want[i] for i in idx]
 
 
+def test_mtp1_baseline_serves_through_the_same_engine(target, prompts, reference, tmp_path):
+    """The MTP-1 baseline format (one EAGLE layer, one speculative token) loads in vLLM."""
+    import torch
+
+    from dspark_vllm.target import load_target
+    from dspark_vllm.train.eagle import EagleHead, save_eagle
+
+    t, _ = load_target(tokenizer=False)
+    torch.manual_seed(0)
+    head = save_eagle(EagleHead(t.config, t.get_input_embeddings().weight), tmp_path / "mtp1")
+    lengths, want = reference
+    spec = {"method": "eagle", "model": str(head), "num_speculative_tokens": 1}
+    with VllmServer(target, spec=spec, max_model_len=MAX_LEN, log_path=tmp_path / "mtp1.log") as s:
+        got = chat_all(s.url, prompts[:8], lengths[:8])
+        assert metric_sum(s.metrics(), "vllm:spec_decode_num_drafts_total") > 0
+    assert got == want[:8]
+
+
 def test_metrics_show_drafter_acceptance(servers):
     with urllib.request.urlopen(servers[1].url + "/metrics") as r:
         text = r.read().decode()

@@ -21,6 +21,7 @@ from ..drafter.model import DSparkDrafter, block_inputs, block_mask
 
 TEMPERATURE_GRID = np.exp(np.linspace(np.log(0.1), np.log(10.0), 121))
 ECE_BINS = 10
+MIN_GREEDY_SEQS = 8  # fewer held-out greedy sequences than this: borrow training ones
 
 
 def ece(pred: np.ndarray, outcome: np.ndarray, bins: int = ECE_BINS) -> float:
@@ -135,7 +136,11 @@ def calibrate(drafter_dir: str | Path, cache_dir: str | Path, target: str = "def
         raise ValueError(f"{drafter_dir}: the drafter has no confidence head to calibrate")
     cache = FeatureCache(cache_dir)
     cols = cache.select(drafter.cfg.target_layer_ids)
-    z, acc = collect_greedy(drafter, cache, heldout_split(cache, heldout), cols, None, max_blocks)
+    seqs = list(heldout_split(cache, heldout))
+    if sum(cache.info.temperatures[i] == 0.0 for i in seqs) < MIN_GREEDY_SEQS:
+        # Tiny caches (quick runs): too few held-out greedy answers; borrow trained ones.
+        seqs += list(range(len(cache)))[::-1]
+    z, acc = collect_greedy(drafter, cache, seqs, cols, None, max_blocks)
     temps = fit_sts(z, acc)
     rep = report(z, acc, temps)
     drafter.cfg.dspark_confidence_temperatures = rep["temperatures"]

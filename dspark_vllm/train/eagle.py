@@ -88,7 +88,7 @@ class EagleConfig:
     cache: str
     out: str
     target: str = "default"
-    epochs: float = 2.0
+    epochs: float = 1.0  # one pass: every response position is a training example
     batch_size: int = 8
     lr: float = 6e-4
     ce: float = 0.1  # same mix as DSpark: hard labels + L1 to the target distribution

@@ -69,7 +69,7 @@ def run_recipe(cfg: RecipeConfig) -> dict:
                 from .eagle import EagleConfig, train_eagle
 
                 ec = EagleConfig(cache=str(out / "cache"), out=str(out / run), target=target,
-                                 epochs=cfg.epochs / 2, max_steps=4 if cfg.quick else None)
+                                 epochs=1.0, max_steps=4 if cfg.quick else None)
                 results[run] = {"drafter": str(train_eagle(ec))}
                 timings[f"train_{run}_s"] = time.time() - t2
                 continue
