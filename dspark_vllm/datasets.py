@@ -140,14 +140,26 @@ def training_prompts(data_dir: Path = SHARED_DATA, max_code: int = 3000, seed: i
                      mix: dict[str, float] | None = None) -> list[dict]:
     """The distillation prompt mix, with every benchmark prompt removed. The list is
     ordered so that any prefix of it follows `mix` (the data-scaling runs use prefixes)."""
-    gsm = _jsonl(data_dir / "train" / "gsm8k_train.jsonl")[:-GSM8K_HELDOUT]
+    train = data_dir / "train"
+    if not (train / "gsm8k_train.jsonl").is_file():
+        import logging
+
+        logging.getLogger("vllm.dspark.data").warning(
+            "%s not found: using the small vendored training sample (GSM8K train, "
+            "self-instruct); set DSPARK_SHARED_DATA for the full mix", train)
+        train = PACKAGE_DATA
+        gsm = _jsonl(train / "gsm8k_train_sample.jsonl")
+        t0 = []
+    else:
+        gsm = _jsonl(train / "gsm8k_train.jsonl")[:-GSM8K_HELDOUT]
+        t0 = _jsonl(train / "t0_prompts.jsonl")
     rows = [{"id": f"gsm8k-{i}", "category": "math", "messages": _user(r["question"])}
             for i, r in enumerate(gsm)]
-    for r in _jsonl(data_dir / "train" / "self_instruct_seed_tasks.jsonl"):
+    for r in _jsonl(train / "self_instruct_seed_tasks.jsonl"):
         inp = r["instances"][0]["input"] if r.get("instances") else ""
         rows.append({"id": r["id"], "category": "instruct",
                      "messages": _user(r["instruction"] + (f"\n\n{inp}" if inp else ""))})
-    for i, r in enumerate(_jsonl(data_dir / "train" / "t0_prompts.jsonl")):
+    for i, r in enumerate(t0):
         rows.append({"id": f"t0-{i}", "category": "t0", "messages": _user(r["prompt"])})
     rows += _stdlib_code_prompts(max_code, seed)
     banned = {m["messages"][0]["content"].strip() for m in spec_bench() + gsm8k_heldout()}
