@@ -54,6 +54,7 @@ class DSparkStats:
         self.budget_sum = 0
         self.last_budget = 0
         self.last_per_request = 0.0
+        self.draft_len = max_positions
         self.calibration = [deque(maxlen=CALIBRATION_WINDOW) for _ in range(max_positions)]
         self._last_publish = 0.0
         self.path = Path(os.environ[METRICS_ENV]) if METRICS_ENV in os.environ else None
@@ -95,7 +96,7 @@ class DSparkStats:
                               "verify": self.verify_seconds},
             "budget": {"buckets": list(BUDGET_BUCKETS), "counts": self.budget_buckets,
                        "sum": self.budget_sum, "last": self.last_budget,
-                       "last_per_request": self.last_per_request},
+                       "last_per_request": self.last_per_request, "draft_len": self.draft_len},
             "calibration_error": [_ece(list(d)) for d in self.calibration],
         }
 
@@ -150,6 +151,8 @@ class DSparkCollector:
         yield HistogramMetricFamily("dspark_verify_budget_tokens",
                                     "Draft tokens admitted for verification per step.",
                                     buckets=buckets, sum_value=b["sum"])
+        yield GaugeMetricFamily("dspark_draft_length", "Slots drafted per request next step.",
+                                value=b.get("draft_len", 0))
         yield GaugeMetricFamily("dspark_verified_drafts_per_request",
                                 "Mean drafts verified per request in the last step.",
                                 value=b["last_per_request"])

@@ -22,6 +22,7 @@ from .metrics import DSparkStats
 
 log = logging.getLogger("vllm.dspark.scheduler")
 POLICIES = ("greedy", "production")
+DRAFT_HEADROOM = 1  # draft this many slots beyond the largest budget, so budgets can grow
 
 
 class DSparkScheduler(Scheduler):
@@ -42,6 +43,7 @@ class DSparkScheduler(Scheduler):
         self._history: deque[list[list[float]]] = deque(maxlen=3)  # survivals per step
         self._step_start: float | None = None
         self._step_tokens = 0
+        self.draft_len = self.max_drafts  # slots drafted per request next step
         log.info("DSpark load-aware budget: policy=%s, cost %s (%s)", self.policy,
                  self.cost_model.cost, "profiled" if self.cost_model.profile else "prior")
 
@@ -84,6 +86,12 @@ class DSparkScheduler(Scheduler):
             del drafts[n:]  # verify only the admitted prefix
             self._admitted[draft_token_ids.req_ids[i]] = s[:n]
         self.stats.record_budget(sum(counts), len(ids))
+        if counts:
+            # Do not pay for drafts the budget will not verify: the next step drafts only
+            # up to the largest budget granted now (+ headroom). Decided from this step's
+            # admissions, i.e. before the next drafts exist: causality is untouched.
+            self.draft_len = min(self.max_drafts, max(counts) + DRAFT_HEADROOM)
+            self.stats.draft_len = self.draft_len
         self.stats.schedule_seconds += time.perf_counter() - t0
         draft_s = getattr(draft_token_ids, "dspark_draft_seconds", 0.0)
         self.stats.draft_seconds += draft_s
@@ -93,6 +101,7 @@ class DSparkScheduler(Scheduler):
     # ---------------------------------------------------------------- feedback
     def schedule(self, *args, **kwargs):
         out = super().schedule(*args, **kwargs)
+        out.num_spec_tokens_to_schedule = min(out.num_spec_tokens_to_schedule, self.draft_len)
         self._step_start = time.perf_counter()
         self._step_tokens = out.total_num_scheduled_tokens
         return out

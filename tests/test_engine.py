@@ -165,6 +165,27 @@ def test_mtp1_baseline_serves_through_the_same_engine(target, prompts, reference
     assert got == want[:8]
 
 
+def test_engine_acceptance_agrees_with_the_offline_evaluator(servers, drafter):
+    """tau from vLLM's counters on the DSpark server vs `eval-acceptance` (reference
+    implementation) on the same prompts, greedy, same number of drafts per round."""
+    from dspark_vllm.datasets import load_eval_set
+    from dspark_vllm.evaluate import EvalConfig, evaluate
+    from dspark_vllm.serving import BUNDLED_DRAFTER
+
+    if drafter != str(BUNDLED_DRAFTER):
+        pytest.skip("needs the trained bundled drafter (a random one accepts nothing)")
+    rows = load_eval_set("gsm8k", limit=8)
+    before = servers[1].metrics()
+    chat_all(servers[1].url, [r["messages"] for r in rows], 96, concurrency=1)
+    after = servers[1].metrics()
+    d = {k: metric_sum(after, k) - metric_sum(before, k) for k in (
+        "vllm:spec_decode_num_drafts_total", "vllm:spec_decode_num_accepted_tokens_total")}
+    engine_tau = 1 + d["vllm:spec_decode_num_accepted_tokens_total"] / d["vllm:spec_decode_num_drafts_total"]
+    ref = evaluate(EvalConfig(drafter=drafter, data="gsm8k", limit=8, max_new_tokens=96,
+                              block_size=K))
+    assert abs(engine_tau - ref["tau"]) <= 0.10 * ref["tau"], (engine_tau, ref["tau"])
+
+
 def test_metrics_show_drafter_acceptance(servers):
     with urllib.request.urlopen(servers[1].url + "/metrics") as r:
         text = r.read().decode()
