@@ -132,4 +132,8 @@ def make_data(cfg: MakeDataConfig) -> Path:
         _write_shard(shard_path(out, i), seqs, plens, meta)
         bar.set_postfix(resp_tokens=n_tokens, tok_s=f"{n_tokens / (time.time() - t0):.0f}")
     log.info("generated %d response tokens in %.0fs", n_tokens, time.time() - t0)
+    # Stop the engine process now rather than at interpreter exit (where vLLM force-kills it
+    # and logs into closed streams); the memory is needed by the feature cache next.
+    llm.llm_engine.engine_core.shutdown()
+    del llm
     return out
