@@ -13,4 +13,4 @@ demo: install
 	.venv/bin/dspark demo
 
 test: install
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q --durations=15 tests
