@@ -20,7 +20,8 @@ import time
 from pathlib import Path
 
 from benchmarks.load import closed_loop, open_loop, summarize
-from dspark_vllm.serving import BUNDLED_DRAFTER, VllmServer, metric_sum
+from dspark_vllm.serving import (BUNDLED_DRAFTER, VllmServer, acceptance_length, metric_sum,
+                                 metrics_delta)
 
 MAX_TOKENS = 128
 DEFAULT_MTP1 = "runs/smollm2/mtp-1/drafter"
@@ -61,13 +62,11 @@ def measure(url, server, prompts, conc, reqs, warmup, repeats, open_rate=None):
                                                   MAX_TOKENS, warmup=warmup))
         after = server.metrics()
         s = summarize(res, window)
-        d = {k: metric_sum(after, k) - metric_sum(before, k) for k in (
-            "vllm:spec_decode_num_drafts_total", "vllm:spec_decode_num_draft_tokens_total",
-            "vllm:spec_decode_num_accepted_tokens_total", "dspark_draft_tokens_admitted_total")}
-        drafts = d["vllm:spec_decode_num_drafts_total"]
-        s["acceptance_length"] = 1 + d["vllm:spec_decode_num_accepted_tokens_total"] / drafts if drafts else 1.0
-        s["verified_drafts_per_request_step"] = (d["vllm:spec_decode_num_draft_tokens_total"] / drafts
-                                                 if drafts else 0.0)
+        d = metrics_delta(before, after)
+        drafts = metric_sum(d, "vllm:spec_decode_num_drafts_total")
+        s["acceptance_length"] = acceptance_length(d) or 1.0
+        verified = metric_sum(d, "vllm:spec_decode_num_draft_tokens_total")
+        s["verified_drafts_per_request_step"] = verified / drafts if drafts else 0.0
         runs.append(s)
     keys = [k for k, v in runs[0].items() if isinstance(v, (int, float)) and v is not None]
     med = {k: statistics.median(r[k] for r in runs if r.get(k) is not None) for k in keys}

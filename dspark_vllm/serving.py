@@ -109,6 +109,11 @@ def metric_sum(metrics: dict[str, float], name: str) -> float:
     return sum(v for k, v in metrics.items() if k == name or k.startswith(name + "{"))
 
 
+def metrics_delta(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """Counter increments between two scrapes (a window's own counts)."""
+    return {k: v - before.get(k, 0.0) for k, v in after.items()}
+
+
 def acceptance_length(metrics: dict[str, float]) -> float | None:
     """Mean tokens per verification round (bonus included) from vLLM's spec-decode counters."""
     drafts = metric_sum(metrics, "vllm:spec_decode_num_drafts_total")

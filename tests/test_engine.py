@@ -14,7 +14,7 @@ import urllib.request
 import pytest
 from scipy.stats import chi2_contingency
 
-from dspark_vllm.serving import VllmServer, acceptance_length, metric_sum
+from dspark_vllm.serving import VllmServer, acceptance_length, metric_sum, metrics_delta
 from dspark_vllm.target import prepare_target
 from tests.engine_utils import chat_all, drafter_for_tests, prompt_mix
 
@@ -178,9 +178,7 @@ def test_engine_acceptance_agrees_with_the_offline_evaluator(servers, drafter):
     before = servers[1].metrics()
     chat_all(servers[1].url, [r["messages"] for r in rows], 96, concurrency=1)
     after = servers[1].metrics()
-    d = {k: metric_sum(after, k) - metric_sum(before, k) for k in (
-        "vllm:spec_decode_num_drafts_total", "vllm:spec_decode_num_accepted_tokens_total")}
-    engine_tau = 1 + d["vllm:spec_decode_num_accepted_tokens_total"] / d["vllm:spec_decode_num_drafts_total"]
+    engine_tau = acceptance_length(metrics_delta(before, after))
     ref = evaluate(EvalConfig(drafter=drafter, data="gsm8k", limit=8, max_new_tokens=96,
                               block_size=K))
     assert abs(engine_tau - ref["tau"]) <= 0.10 * ref["tau"], (engine_tau, ref["tau"])

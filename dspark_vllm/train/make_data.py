@@ -133,7 +133,6 @@ def make_data(cfg: MakeDataConfig) -> Path:
         bar.set_postfix(resp_tokens=n_tokens, tok_s=f"{n_tokens / (time.time() - t0):.0f}")
     log.info("generated %d response tokens in %.0fs", n_tokens, time.time() - t0)
     # Stop the engine process now rather than at interpreter exit (where vLLM force-kills it
-    # and logs into closed streams); the memory is needed by the feature cache next.
+    # and logs into closed streams); the feature cache that follows needs the memory.
     llm.llm_engine.engine_core.shutdown()
-    del llm
     return out
