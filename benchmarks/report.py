@@ -71,7 +71,8 @@ def write_report(out: Path, results: dict) -> None:
     lines = [f"# Serving sweep ({datetime.date.today()}, commit {_git()}, {cpu}, "
              f"{len(__import__('os').sched_getaffinity(0))} cores)", "",
              "| config | conc | per-user tok/s | throughput tok/s | TTFT p50/p99 ms | "
-             "TPOT p50/p99 ms | tau | verified drafts/step |", "|---|---|---|---|---|---|---|---|"]
+             "TPOT p50/p99 ms | tau | verified drafts/step | steps drafted |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for name, r in results.items():
         for c, p in r["points"].items():
             m = p["median"]
@@ -79,7 +80,20 @@ def write_report(out: Path, results: dict) -> None:
                 f"| {name} | {c} | {m.get('per_user_tok_s', 0):.1f} | {m['throughput_tok_s']:.1f} | "
                 f"{m.get('ttft_p50_ms', 0):.0f}/{m.get('ttft_p99_ms', 0):.0f} | "
                 f"{m.get('tpot_p50_ms', 0):.0f}/{m.get('tpot_p99_ms', 0):.0f} | "
-                f"{m['acceptance_length']:.2f} | {m['verified_drafts_per_request_step']:.2f} |")
+                f"{m['acceptance_length']:.2f} | {m['verified_drafts_per_request_step']:.2f} | "
+                f"{100 * m.get('drafted_step_share', 0):.0f}% |")
+    lines += ["", "tau: tokens per drafted round; verified drafts/step and steps drafted: per "
+              "request-step, steps that drafted nothing included."]
+    phases = [(name, c, p["median"]) for name, r in results.items()
+              for c, p in r["points"].items() if "draft_seconds" in p["median"]]
+    if phases:
+        lines += ["", "## Where step time goes (load-aware budget; the engine's phase counters)", "",
+                  "| config | conc | draft | schedule | verify (target step) |", "|---|---|---|---|---|"]
+        for name, c, m in phases:
+            tot = sum(m[f"{ph}_seconds"] for ph in ("draft", "schedule", "verify")) or 1.0
+            lines.append(f"| {name} | {c} | " + " | ".join(
+                f"{100 * m[f'{ph}_seconds'] / tot:.0f}%" for ph in ("draft", "schedule", "verify"))
+                + " |")
     mt = matched(results)
     if mt:
         lines += ["", f"## Per-user speed at matched throughput (vs {BASELINE})", "",

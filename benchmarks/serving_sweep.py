@@ -66,7 +66,16 @@ def measure(url, server, prompts, conc, reqs, warmup, repeats, open_rate=None):
         drafts = metric_sum(d, "vllm:spec_decode_num_drafts_total")
         s["acceptance_length"] = acceptance_length(d) or 1.0
         verified = metric_sum(d, "vllm:spec_decode_num_draft_tokens_total")
-        s["verified_drafts_per_request_step"] = verified / drafts if drafts else 0.0
+        # Per request-step, steps that drafted nothing included: every request-step emits
+        # one token plus its accepted drafts, so request-steps = generated - accepted.
+        steps = metric_sum(d, "vllm:generation_tokens_total") - \
+            metric_sum(d, "vllm:spec_decode_num_accepted_tokens_total")
+        s["verified_drafts_per_request_step"] = verified / steps if steps > 0 else 0.0
+        s["drafted_step_share"] = drafts / steps if steps > 0 else 0.0
+        for phase in ("draft", "schedule", "verify"):  # load-aware budget only (its metrics)
+            key = f'dspark_phase_seconds_total{{phase="{phase}"}}'
+            if key in d:
+                s[f"{phase}_seconds"] = d[key]
         runs.append(s)
     keys = [k for k, v in runs[0].items() if isinstance(v, (int, float)) and v is not None]
     med = {k: statistics.median(r[k] for r in runs if r.get(k) is not None) for k in keys}

@@ -73,6 +73,30 @@ def admit_greedy(
     return n
 
 
+def drafting_pays(
+    survivals: Sequence[Sequence[float]],  # per request: a_{r,1..K_r}
+    counts: Sequence[int],  # drafts admitted per request (Algorithm 1)
+    base_tokens: int,
+    cost: StepCost,  # the step without its draft pass
+    draft_cost: StepCost,  # the draft pass, as a function of drafted slots (B x L)
+    draft_len: int,  # slots per request the next draft pass would run
+) -> bool:
+    """Beyond the paper: should the next step draft at all?
+
+    Algorithm 1 treats drafts as free (they already exist when it runs). They are not: on
+    a compute-bound engine the draft pass is a real share of the step. Speculating pays
+    when expected tokens per second, with the admitted drafts and the pass that drafts
+    them, beat plain decoding: (B + sum a) / (t(T) + d(B L)) > B / t(B). Decided from
+    confidences already seen, before the next drafts exist: the causality wall holds.
+    """
+    b = len(counts)
+    if b == 0 or sum(counts) == 0:
+        return False
+    expected = b + sum(sum(s[:n]) for s, n in zip(survivals, counts))
+    on = expected / (cost.seconds(base_tokens + sum(counts)) + draft_cost.seconds(b * draft_len))
+    return on > b / cost.seconds(base_tokens)
+
+
 def admit_top(survivals: Sequence[Sequence[float]], total: int) -> list[int]:
     """Production variant, second half: rank the current step's slots by fresh survival
     and admit the top `total` (prefix order per request is kept by the sort)."""

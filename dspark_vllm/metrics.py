@@ -49,6 +49,7 @@ class DSparkStats:
         self.nan_confidences = 0
         self.cost_refits = 0
         self.steps = 0
+        self.skipped_drafts = 0  # steps whose draft pass ran context-only
         self.draft_seconds = self.schedule_seconds = self.verify_seconds = 0.0
         self.budget_buckets = [0] * (len(BUDGET_BUCKETS) + 1)
         self.budget_sum = 0
@@ -91,7 +92,7 @@ class DSparkStats:
             "admitted": self.admitted, "dropped": self.dropped,
             "expected_accepted": self.expected_accepted, "accepted": self.accepted,
             "verified_requests": self.verified_requests, "nan_confidences": self.nan_confidences,
-            "cost_refits": self.cost_refits,
+            "cost_refits": self.cost_refits, "skipped_drafts": self.skipped_drafts,
             "phase_seconds": {"draft": self.draft_seconds, "schedule": self.schedule_seconds,
                               "verify": self.verify_seconds},
             "budget": {"buckets": list(BUDGET_BUCKETS), "counts": self.budget_buckets,
@@ -136,8 +137,10 @@ class DSparkCollector:
                 ("dspark_accepted_tokens_actual", "accepted", "Admitted drafts accepted."),
                 ("dspark_confidence_nan", "nan_confidences", "Missing or NaN confidences."),
                 ("dspark_cost_model_refits", "cost_refits", "Online refits of the cost model."),
-                ("dspark_budget_steps", "steps", "Steps the budget policy ran.")):
-            yield CounterMetricFamily(name, doc, value=s[key])
+                ("dspark_budget_steps", "steps", "Steps the budget policy ran."),
+                ("dspark_draft_passes_skipped", "skipped_drafts",
+                 "Steps that drafted nothing (context K/V only): drafting did not pay.")):
+            yield CounterMetricFamily(name, doc, value=s.get(key, 0))
         phases = CounterMetricFamily("dspark_phase_seconds", "Time spent per phase.",
                                      labels=["phase"])
         for phase, v in s["phase_seconds"].items():

@@ -56,13 +56,35 @@ class DSparkProposer(DFlashProposer):
         return False  # the DFlash-style backbone returns one hidden-state tensor
 
     # ------------------------------------------------------------------ inputs
-    def propose(self, *args, target_hidden_states: torch.Tensor, **kwargs) -> torch.Tensor:
+    def propose(self, num_speculative_tokens: int, *, target_hidden_states: torch.Tensor,
+                **kwargs) -> torch.Tensor:
         t0 = time.perf_counter()
         # [T, n_layers * H] concatenated target layers -> [T, H] via the drafter's fc.
-        out = super().propose(*args, target_hidden_states=self.model.combine_hidden_states(
-            target_hidden_states), **kwargs)
+        hidden = self.model.combine_hidden_states(target_hidden_states)
+        if num_speculative_tokens == 0:
+            out = self._context_only(hidden, **kwargs)
+        else:
+            out = super().propose(num_speculative_tokens, target_hidden_states=hidden, **kwargs)
         self.last_draft_seconds = time.perf_counter() - t0
         return out
+
+    def _context_only(self, hidden: torch.Tensor, *, target_token_ids, next_token_ids,
+                      target_positions, common_attn_metadata, num_rejected_tokens_gpu=None,
+                      **_) -> torch.Tensor:
+        """The scheduler asked for no drafts this step (budget 0 under load): write the
+        drafter's context K/V for this step's verified tokens, so later blocks see the
+        whole context, and skip the query pass, its LM head and the sampling loop.
+        hidden: [T, H] -> draft ids [B, 0]."""
+        self.num_speculative_tokens = 0
+        self.last_confidences = None
+        self._last_draft_probs = None
+        self.set_inputs_first_pass(target_token_ids, next_token_ids, target_positions,
+                                   hidden, None, common_attn_metadata, num_rejected_tokens_gpu)
+        n = hidden.shape[0]
+        self.model.precompute_and_store_context_kv(
+            hidden, self._context_positions_buffer[:n], self._context_slot_mapping_buffer[:n])
+        return torch.empty((common_attn_metadata.batch_size(), 0), dtype=torch.int64,
+                           device=hidden.device)
 
     def set_inputs_first_pass(self, target_token_ids, next_token_ids, target_positions,
                               target_hidden_states, token_indices_to_sample, cad,

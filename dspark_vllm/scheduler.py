@@ -2,8 +2,10 @@
 
 Only the difference from Scheduler lives here: after each step the drafts of every request
 are trimmed to the budget the policy grants (budget.py) before they are scheduled for
-verification; outcomes feed the cost model, the fallback acceptance estimator and the
-metrics. Selected automatically for method "dspark" with enable_adaptive_verification.
+verification, and the next step's draft length is set: the largest budget plus headroom,
+or no draft pass at all (context K/V only) when drafting does not pay at this load;
+outcomes feed the two cost models (step, draft pass), the fallback acceptance estimator
+and the metrics. Selected automatically for method "dspark" with enable_adaptive_verification.
 """
 
 from __future__ import annotations
@@ -16,13 +18,15 @@ from collections import deque
 
 from vllm.v1.core.sched.scheduler import Scheduler
 
-from .budget import AcceptanceEstimator, admit_greedy, admit_top, production_budget, survival
-from .cost_model import CostModel, profile_key, profile_path
+from .budget import (AcceptanceEstimator, admit_greedy, admit_top, drafting_pays,
+                     production_budget, survival)
+from .cost_model import DRAFT_PRIOR, CostModel, profile_key, profile_path
 from .metrics import DSparkStats
 
 log = logging.getLogger("vllm.dspark.scheduler")
 POLICIES = ("greedy", "production")
 DRAFT_HEADROOM = 1  # draft this many slots beyond the largest budget, so budgets can grow
+PROBE_EVERY = 32  # steps without drafting between one-slot probes that refresh confidences
 
 
 class DSparkScheduler(Scheduler):
@@ -36,13 +40,17 @@ class DSparkScheduler(Scheduler):
             raise ValueError(f"DSPARK_BUDGET_POLICY={self.policy!r}: use one of {POLICIES}")
         key = profile_key(vc.model_config.model, str(vc.model_config.dtype),
                           vc.scheduler_config.max_num_seqs)
-        self.cost_model = CostModel.load(profile_path(key))
+        self.cost_model = CostModel.load(profile_path(key))  # the step without drafting
+        self.draft_cost = CostModel(prior=DRAFT_PRIOR)  # the draft pass, by drafted slots
         self.estimator = AcceptanceEstimator(self.max_drafts)
         self.stats = DSparkStats(self.max_drafts)
         self._admitted: dict[str, list[float]] = {}  # req_id -> survivals of verified slots
         self._history: deque[list[list[float]]] = deque(maxlen=3)  # survivals per step
         self._step_start: float | None = None
-        self._step_tokens = 0
+        self._step_tokens = self._step_slots = 0
+        self._pending: tuple[int, float, int] | None = None  # last step: tokens, s, slots
+        self._recent: list[list[float]] = []  # survivals of the last step that drafted
+        self._off_steps = 0
         self.draft_len = self.max_drafts  # slots drafted per request next step
         log.info("DSpark load-aware budget: policy=%s, cost %s (%s)", self.policy,
                  self.cost_model.cost, "profiled" if self.cost_model.profile else "prior")
@@ -73,30 +81,60 @@ class DSparkScheduler(Scheduler):
             surv.append(survival(conf[: len(drafts)]))
         num_running = len(self.running)
         token_budget = self.max_num_scheduled_tokens
-        if self.policy == "production" and len(self._history) >= 2:
+        counts: list[int] = []
+        if surv and self.policy == "production" and len(self._history) >= 2:
             total = production_budget(self._history[-2], num_running, num_running,
                                       self.cost_model.cost, token_budget)
             counts = admit_top(surv, total)
-        else:
+        elif surv:
             counts = admit_greedy(surv, num_running, self.cost_model.cost, token_budget)
-        self._history.append(surv)
+        if surv:
+            self._history.append(surv)
+            self._recent = surv
         for i, s, n in zip(ids, surv, counts):
             drafts = draft_token_ids.draft_token_ids[i]
             self.stats.record_admission(len(drafts), n, s[:n])
             del drafts[n:]  # verify only the admitted prefix
             self._admitted[draft_token_ids.req_ids[i]] = s[:n]
         self.stats.record_budget(sum(counts), len(ids))
-        if counts:
-            # Do not pay for drafts the budget will not verify: the next step drafts only
-            # up to the largest budget granted now (+ headroom). Decided from this step's
-            # admissions, i.e. before the next drafts exist: causality is untouched.
-            self.draft_len = min(self.max_drafts, max(counts) + DRAFT_HEADROOM)
-            self.stats.draft_len = self.draft_len
+        self._plan_next_draft(surv, counts, num_running, token_budget)
         self.stats.schedule_seconds += time.perf_counter() - t0
         draft_s = getattr(draft_token_ids, "dspark_draft_seconds", 0.0)
         self.stats.draft_seconds += draft_s
         self.stats.verify_seconds -= draft_s  # the step time measured below includes drafting
+        self._observe_costs(draft_s)
         super().update_draft_token_ids(draft_token_ids)
+
+    def _plan_next_draft(self, surv, counts, num_running: int, token_budget: int) -> None:
+        """Slots the next step drafts per request: up to the largest budget granted now
+        (+ headroom), or none at all (context K/V only) when drafting does not pay at this
+        load. Decided from confidences already seen, before the next drafts exist."""
+        if not surv:  # drafting is off: re-ask with the last confidences seen, today's load
+            if not self._recent or not num_running:
+                return
+            surv = [self._recent[i % len(self._recent)] for i in range(num_running)]
+            counts = admit_greedy(surv, num_running, self.cost_model.cost, token_budget)
+        length = min(self.max_drafts, max(counts, default=0) + DRAFT_HEADROOM)
+        if drafting_pays(surv, counts, num_running, self.cost_model.cost,
+                         self.draft_cost.cost, length):
+            self._off_steps = 0
+        else:
+            self._off_steps += 1
+            # Off, except a one-slot probe now and then so the confidences stay fresh.
+            length = DRAFT_HEADROOM if self._off_steps % PROBE_EVERY == 0 else 0
+        self.draft_len = self.stats.draft_len = length
+
+    def _observe_costs(self, draft_seconds: float) -> None:
+        """Feed the last step's time to the two cost models: the step without its draft
+        pass (what verification costs) and the draft pass by drafted slots."""
+        if self._pending is None:
+            return
+        tokens, seconds, slots = self._pending
+        self._pending = None
+        refit = self.cost_model.observe(tokens, max(seconds - draft_seconds, 1e-6))
+        if slots and self.draft_cost.observe(slots, draft_seconds):
+            refit = True
+        self.stats.cost_refits += int(refit)
 
     # ---------------------------------------------------------------- feedback
     def schedule(self, *args, **kwargs):
@@ -104,13 +142,15 @@ class DSparkScheduler(Scheduler):
         out.num_spec_tokens_to_schedule = min(out.num_spec_tokens_to_schedule, self.draft_len)
         self._step_start = time.perf_counter()
         self._step_tokens = out.total_num_scheduled_tokens
+        self._step_slots = len(out.num_scheduled_tokens) * out.num_spec_tokens_to_schedule
+        if out.num_scheduled_tokens and not out.num_spec_tokens_to_schedule:
+            self.stats.skipped_drafts += 1
         return out
 
     def update_from_output(self, scheduler_output, model_runner_output):
         if self._step_start is not None and self._step_tokens:
             seconds = time.perf_counter() - self._step_start
-            if self.cost_model.observe(self._step_tokens, seconds):
-                self.stats.cost_refits += 1
+            self._pending = (self._step_tokens, seconds, self._step_slots)
             self.stats.verify_seconds += seconds
         sampled = model_runner_output.sampled_token_ids
         for req_id, spec in scheduler_output.scheduled_spec_decode_tokens.items():
@@ -133,5 +173,8 @@ class DSparkScheduler(Scheduler):
                     "alpha_s": self.cost_model.cost.alpha, "beta_s_per_token": self.cost_model.cost.beta,
                     "refits": self.cost_model.refits, "profiled_points": len(self.cost_model.profile),
                     "step_seconds_by_tokens": self.cost_model.table()},
+                "draft_cost": {"alpha_s": self.draft_cost.cost.alpha,
+                               "beta_s_per_slot": self.draft_cost.cost.beta},
+                "draft_len": self.draft_len,
                 "fallback_acceptance": self.estimator.rates(self.max_drafts),
                 "running": len(self.running), "tracked_requests": len(self._admitted)}

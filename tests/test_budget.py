@@ -6,7 +6,7 @@ import random
 import pytest
 
 from dspark_vllm.budget import (AcceptanceEstimator, StepCost, admit_greedy, admit_top,
-                                production_budget, survival)
+                                drafting_pays, production_budget, survival)
 
 COST = StepCost(alpha=0.060, beta=0.0012)  # the shape measured on CPU engines
 
@@ -54,6 +54,40 @@ def test_greedy_stops_at_the_first_non_improving_admission():
     # Two requests: one sure, one hopeless; goodput stops before the hopeless ones.
     n = admit_greedy([[0.99, 0.98], [0.01, 0.001]], 2, COST, 100)
     assert n == [2, 0]
+
+
+DRAFT = StepCost(alpha=0.003, beta=0.0004)
+
+
+def test_drafting_pays_for_confident_quiet_batches_not_for_doubtful_busy_ones():
+    sure = [survival([0.9] * 7)]
+    n = admit_greedy(sure, 1, COST, 10_000)
+    assert drafting_pays(sure, n, 1, COST, DRAFT, max(n) + 1)
+    doubtful = [survival([0.3] + [0.5] * 6)] * 16
+    n = admit_greedy(doubtful, 16, COST, 10_000)
+    assert sum(n) > 0  # Algorithm 1 alone would verify them: the drafts look free to it
+    assert not drafting_pays(doubtful, n, 16, COST, DRAFT, max(n) + 1)
+    assert not drafting_pays(sure, [0], 1, COST, DRAFT, 1)  # nothing admitted: never
+
+
+def test_drafting_pays_hand_computed():
+    # B=2, one slot each with a=0.5: on = 3 / (t(4) + d(2*2)), off = 2 / t(2).
+    cost, draft = StepCost(0.1, 0.01), StepCost(0.0, 0.005)
+    on, off = 3 / (0.14 + 0.02), 2 / 0.12  # 18.75 vs 16.67
+    assert (on > off) == drafting_pays([[0.5], [0.5]], [1, 1], 2, cost, draft, 2)
+    assert not drafting_pays([[0.5], [0.5]], [1, 1], 2, cost, StepCost(0.0, 0.01), 2)
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_higher_load_never_turns_drafting_on(seed):
+    rng = random.Random(seed)
+    surv = _random_survivals(rng, 1)
+    on = []
+    for b in (1, 2, 4, 8, 16, 32, 64):
+        batch = surv * b
+        n = admit_greedy(batch, b, COST, 10_000)
+        on.append(drafting_pays(batch, n, b, COST, DRAFT, min(max(n) + 1, 7)))
+    assert on == sorted(on, reverse=True)  # once off as load rises, it stays off
 
 
 def test_admit_top_keeps_prefixes_and_total():

@@ -165,6 +165,26 @@ def test_mtp1_baseline_serves_through_the_same_engine(target, prompts, reference
     assert got == want[:8]
 
 
+def test_steps_without_drafting_keep_outputs_exact(target, drafter, servers, tmp_path):
+    """Batches of 2+ draft nothing here (vLLM's batch-size schedule with K = 0; the load-aware
+    budget does the same when drafting does not pay): the proposer then only writes the
+    drafter's context K/V. Requests that switch between such steps and drafting ones (the
+    long one finishes alone) stay token-identical to no speculation, and drafting resumes."""
+    from dspark_vllm.datasets import gsm8k_heldout
+
+    plain = servers[0]
+    batch = [gsm8k_heldout()[0]["messages"]] + [
+        [{"role": "user", "content": f"Count slowly from {n}."}] for n in (1, 10, 100)]
+    lengths, eos = [160, 100, 100, 100], {"extra": {"ignore_eos": True}}
+    want = chat_all(plain.url, batch, lengths, concurrency=1, **eos)
+    spec = _spec(drafter, num_speculative_tokens_per_batch_size=[[1, 1, K], [2, 1024, 0]])
+    with VllmServer(target, spec=spec, max_model_len=MAX_LEN, log_path=tmp_path / "skip.log") as s:
+        got = chat_all(s.url, batch, lengths, concurrency=4, **eos)
+        m = s.metrics()
+    assert got == want
+    assert metric_sum(m, "vllm:spec_decode_num_accepted_tokens_total") > 0
+
+
 def test_engine_acceptance_agrees_with_the_offline_evaluator(servers, drafter):
     """tau from vLLM's counters on the DSpark server vs `eval-acceptance` (reference
     implementation) on the same prompts, greedy, same number of drafts per round."""
@@ -266,5 +286,6 @@ def test_status_view_and_metrics(adaptive):
     with urllib.request.urlopen(adaptive.url + "/metrics") as r:
         text = r.read().decode()
     for name in ("dspark_verify_budget_tokens_bucket", "dspark_phase_seconds_total",
-                 "dspark_accepted_tokens_expected_total", "dspark_cost_model_beta_seconds"):
+                 "dspark_accepted_tokens_expected_total", "dspark_cost_model_beta_seconds",
+                 "dspark_draft_passes_skipped_total"):
         assert name in text, name

@@ -28,7 +28,8 @@ REPEATS = 2
 
 
 def profile(runner) -> list[tuple[int, float]]:
-    """(batch tokens, step seconds) for uniform decode batches, within TIME_CAP_S."""
+    """(batch tokens, step seconds) for uniform decode batches (forward, the drafter's
+    dummy pass, and logits at every token), within TIME_CAP_S."""
     import torch
 
     max_seqs = runner.scheduler_config.max_num_seqs
@@ -43,8 +44,14 @@ def profile(runner) -> list[tuple[int, float]]:
                 times = []
                 for rep in range(REPEATS + 1):  # the first run warms up this shape
                     t0 = time.perf_counter()
-                    runner._dummy_run(b * q, uniform_decode=True, force_attention=True,
-                                      profile_seq_lens=CONTEXT)
+                    hidden, _ = runner._dummy_run(b * q, uniform_decode=True,
+                                                  force_attention=True,
+                                                  profile_seq_lens=CONTEXT)
+                    # Verification needs target logits at every scheduled token, not
+                    # only the last per request as the dummy run computes: on a
+                    # compute-bound CPU that LM-head is a large part of a draft's cost.
+                    hidden = hidden[0] if isinstance(hidden, tuple) else hidden
+                    runner.model.compute_logits(hidden[: b * q])
                     if torch.cuda.is_available():
                         torch.cuda.synchronize()
                     if rep:

@@ -86,5 +86,11 @@ def run_recipe(cfg: RecipeConfig) -> dict:
             results[run] = {"drafter": str(drafter), "calibration": rep}
     timings["total_s"] = time.time() - t0
     summary = {"timings": timings, "runs": results}
-    (out / "recipe.json").write_text(json.dumps(summary, indent=2))
+    # Variants are often trained by separate invocations: keep earlier runs' entries.
+    path = out / "recipe.json"
+    if path.exists():
+        old = json.loads(path.read_text())
+        summary = {"timings": old.get("timings", {}) | timings,
+                   "runs": old.get("runs", {}) | results}
+    path.write_text(json.dumps(summary, indent=2))
     return summary
