@@ -97,6 +97,35 @@ def drafting_pays(
     return on > b / cost.seconds(base_tokens)
 
 
+def next_draft_len(
+    pool: Sequence[Sequence[float]],  # survivals of recently drafted requests
+    counts: Sequence[int],  # this step's admissions ([] when it drafted nothing)
+    num_running: int,
+    cost: StepCost,
+    draft_cost: StepCost,
+    token_budget: int,
+    max_drafts: int,
+    headroom: int = 1,
+) -> int:
+    """Slots the next step drafts per request; 0 = no draft pass (context K/V only).
+
+    The on/off question is one of load, so it reads the pool's mean survival curve
+    replicated over today's batch (one doubtful draft must not switch drafting off for a
+    quiet engine). When drafting pays, this step's own admissions size the next draft
+    (largest budget + headroom, so budgets can grow), as in the paper.
+    """
+    if not pool or num_running <= 0:
+        return max_drafts
+    k = max(len(a) for a in pool)
+    mean = [sum(a[j] for a in pool if j < len(a)) / len(pool) for j in range(k)]
+    batch = [mean] * num_running
+    n = admit_greedy(batch, num_running, cost, token_budget)
+    length = min(max_drafts, max(n, default=0) + headroom)
+    if not drafting_pays(batch, n, num_running, cost, draft_cost, length):
+        return 0
+    return min(max_drafts, max(counts) + headroom) if counts else length
+
+
 def admit_top(survivals: Sequence[Sequence[float]], total: int) -> list[int]:
     """Production variant, second half: rank the current step's slots by fresh survival
     and admit the top `total` (prefix order per request is kept by the sort)."""

@@ -18,7 +18,7 @@ from collections import deque
 
 from vllm.v1.core.sched.scheduler import Scheduler
 
-from .budget import (AcceptanceEstimator, admit_greedy, admit_top, drafting_pays,
+from .budget import (AcceptanceEstimator, admit_greedy, admit_top, next_draft_len,
                      production_budget, survival)
 from .cost_model import DRAFT_PRIOR, CostModel, profile_key, profile_path
 from .metrics import DSparkStats
@@ -27,6 +27,7 @@ log = logging.getLogger("vllm.dspark.scheduler")
 POLICIES = ("greedy", "production")
 DRAFT_HEADROOM = 1  # draft this many slots beyond the largest budget, so budgets can grow
 PROBE_EVERY = 32  # steps without drafting between one-slot probes that refresh confidences
+GATE_POOL = 64  # recent drafted requests whose mean survival curve the draft gate reads
 
 
 class DSparkScheduler(Scheduler):
@@ -49,7 +50,7 @@ class DSparkScheduler(Scheduler):
         self._step_start: float | None = None
         self._step_tokens = self._step_slots = 0
         self._pending: tuple[int, float, int] | None = None  # last step: tokens, s, slots
-        self._recent: list[list[float]] = []  # survivals of the last step that drafted
+        self._pool: deque[list[float]] = deque(maxlen=GATE_POOL)  # recent survivals
         self._off_steps = 0
         self.draft_len = self.max_drafts  # slots drafted per request next step
         log.info("DSpark load-aware budget: policy=%s, cost %s (%s)", self.policy,
@@ -90,7 +91,6 @@ class DSparkScheduler(Scheduler):
             counts = admit_greedy(surv, num_running, self.cost_model.cost, token_budget)
         if surv:
             self._history.append(surv)
-            self._recent = surv
         for i, s, n in zip(ids, surv, counts):
             drafts = draft_token_ids.draft_token_ids[i]
             self.stats.record_admission(len(drafts), n, s[:n])
@@ -106,22 +106,18 @@ class DSparkScheduler(Scheduler):
         super().update_draft_token_ids(draft_token_ids)
 
     def _plan_next_draft(self, surv, counts, num_running: int, token_budget: int) -> None:
-        """Slots the next step drafts per request: up to the largest budget granted now
-        (+ headroom), or none at all (context K/V only) when drafting does not pay at this
-        load. Decided from confidences already seen, before the next drafts exist."""
-        if not surv:  # drafting is off: re-ask with the last confidences seen, today's load
-            if not self._recent or not num_running:
-                return
-            surv = [self._recent[i % len(self._recent)] for i in range(num_running)]
-            counts = admit_greedy(surv, num_running, self.cost_model.cost, token_budget)
-        length = min(self.max_drafts, max(counts, default=0) + DRAFT_HEADROOM)
-        if drafting_pays(surv, counts, num_running, self.cost_model.cost,
-                         self.draft_cost.cost, length):
-            self._off_steps = 0
-        else:
-            self._off_steps += 1
-            # Off, except a one-slot probe now and then so the confidences stay fresh.
-            length = DRAFT_HEADROOM if self._off_steps % PROBE_EVERY == 0 else 0
+        """The next step's draft length (budget.next_draft_len), with a one-slot probe
+        every PROBE_EVERY steps while drafting is off, so the confidences stay fresh.
+        Decided from confidences already seen, before the next drafts exist."""
+        self._pool.extend(surv)
+        if not self._pool or not num_running:
+            return
+        length = next_draft_len(self._pool, counts, num_running, self.cost_model.cost,
+                                self.draft_cost.cost, token_budget, self.max_drafts,
+                                DRAFT_HEADROOM)
+        self._off_steps = self._off_steps + 1 if length == 0 else 0
+        if length == 0 and self._off_steps % PROBE_EVERY == 0:
+            length = DRAFT_HEADROOM
         self.draft_len = self.stats.draft_len = length
 
     def _observe_costs(self, draft_seconds: float) -> None:

@@ -6,7 +6,7 @@ import random
 import pytest
 
 from dspark_vllm.budget import (AcceptanceEstimator, StepCost, admit_greedy, admit_top,
-                                drafting_pays, production_budget, survival)
+                                drafting_pays, next_draft_len, production_budget, survival)
 
 COST = StepCost(alpha=0.060, beta=0.0012)  # the shape measured on CPU engines
 
@@ -88,6 +88,17 @@ def test_higher_load_never_turns_drafting_on(seed):
         n = admit_greedy(batch, b, COST, 10_000)
         on.append(drafting_pays(batch, n, b, COST, DRAFT, min(max(n) + 1, 7)))
     assert on == sorted(on, reverse=True)  # once off as load rises, it stays off
+
+
+def test_next_draft_len_reads_the_pool_not_one_doubtful_draft():
+    pool = [survival([0.9] * 7)] * 63 + [survival([0.05] * 7)]  # one doubtful request
+    # Quiet engine, this step admitted nothing for its one (doubtful) request: keep drafting.
+    assert next_draft_len(pool, [0], 1, COST, DRAFT, 10_000, 7) == 1
+    assert next_draft_len(pool, [3], 1, COST, DRAFT, 10_000, 7) == 4  # budget + headroom
+    assert next_draft_len(pool, [], 1, COST, DRAFT, 10_000, 7) >= 4  # after an off step
+    doubtful = [survival([0.3] + [0.5] * 6)] * 64
+    assert next_draft_len(doubtful, [1] * 16, 16, COST, DRAFT, 10_000, 7) == 0  # busy: off
+    assert next_draft_len([], [], 4, COST, DRAFT, 10_000, 7) == 7  # no evidence yet
 
 
 def test_admit_top_keeps_prefixes_and_total():
