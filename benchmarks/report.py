@@ -113,10 +113,11 @@ def _plots(out: Path, results: dict) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    color = {name: f"C{i}" for i, name in enumerate(results)}  # same colour in both plots
     fig, ax = plt.subplots(figsize=(7, 5))
     for name, r in results.items():
         t, u = _frontier(r["points"])
-        ax.plot(t, u, marker="o", label=name)
+        ax.plot(t, u, marker="o", label=name, color=color[name])
     ax.set_xlabel("aggregate output throughput (tok/s)")
     ax.set_ylabel("per-user decode speed (tok/s, 1/TPOT)")
     ax.set_title("Per-user speed vs throughput (concurrency 1 -> 16)")
@@ -131,7 +132,7 @@ def _plots(out: Path, results: dict) -> None:
             continue
         cs = sorted(int(c) for c in r["points"])
         ax.plot(cs, [r["points"][str(c)]["median"]["verified_drafts_per_request_step"] for c in cs],
-                marker="o", label=name)
+                marker="o", label=name, color=color[name])
     ax.set_xscale("log", base=2)
     ax.set_xlabel("concurrency")
     ax.set_ylabel("verified drafts per request per step")
