@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 
 BASELINE = "mtp-1"
+PHASES = ("draft", "schedule", "verify")  # the engine's dspark_phase_seconds_total labels
 
 
 def _frontier(points: dict) -> tuple[np.ndarray, np.ndarray]:
@@ -90,10 +91,9 @@ def write_report(out: Path, results: dict) -> None:
         lines += ["", "## Where step time goes (load-aware budget; the engine's phase counters)", "",
                   "| config | conc | draft | schedule | verify (target step) |", "|---|---|---|---|---|"]
         for name, c, m in phases:
-            tot = sum(m[f"{ph}_seconds"] for ph in ("draft", "schedule", "verify")) or 1.0
+            tot = sum(m[f"{ph}_seconds"] for ph in PHASES) or 1.0
             lines.append(f"| {name} | {c} | " + " | ".join(
-                f"{100 * m[f'{ph}_seconds'] / tot:.0f}%" for ph in ("draft", "schedule", "verify"))
-                + " |")
+                f"{100 * m[f'{ph}_seconds'] / tot:.0f}%" for ph in PHASES) + " |")
     mt = matched(results)
     if mt:
         lines += ["", f"## Per-user speed at matched throughput (vs {BASELINE})", "",

@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 from benchmarks.load import closed_loop, open_loop, summarize
+from benchmarks.report import PHASES
 from dspark_vllm.serving import (BUNDLED_DRAFTER, VllmServer, acceptance_length, metric_sum,
                                  metrics_delta)
 
@@ -72,7 +73,7 @@ def measure(url, server, prompts, conc, reqs, warmup, repeats, open_rate=None):
             metric_sum(d, "vllm:spec_decode_num_accepted_tokens_total")
         s["verified_drafts_per_request_step"] = verified / steps if steps > 0 else 0.0
         s["drafted_step_share"] = drafts / steps if steps > 0 else 0.0
-        for phase in ("draft", "schedule", "verify"):  # load-aware budget only (its metrics)
+        for phase in PHASES:  # load-aware budget only (its metrics)
             key = f'dspark_phase_seconds_total{{phase="{phase}"}}'
             if key in d:
                 s[f"{phase}_seconds"] = d[key]

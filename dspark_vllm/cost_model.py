@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import platform
 from collections import deque
 from pathlib import Path
@@ -16,6 +17,8 @@ from pathlib import Path
 import numpy as np
 
 from .budget import StepCost
+
+log = logging.getLogger("vllm.dspark.cost")
 
 REFIT_EVERY = 32  # observed steps between refits: cheap, and fast enough to follow drift
 WINDOW = 1024  # recent steps the online fit uses
@@ -63,6 +66,20 @@ def profile_path(key: str) -> Path:
     return cache_dir() / "cost" / f"{key}.json"
 
 
+def read_profile(path: Path) -> list[tuple[int, float]] | None:
+    """The cached start-up profile's (tokens, seconds) points; None when the file is
+    missing or unreadable (then the engine profiles again and overwrites it)."""
+    if not path.is_file():
+        return None
+    try:
+        points = [(int(t), float(s)) for t, s in json.loads(path.read_text())["points"]]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        log.warning("ignoring the corrupt DSpark cost profile %s (%s: %s); it is re-profiled",
+                    path, type(e).__name__, e)
+        return None
+    return points
+
+
 class CostModel:
     def __init__(self, profile: list[tuple[int, float]] | None = None,
                  prior: StepCost = PRIOR) -> None:
@@ -74,9 +91,7 @@ class CostModel:
 
     @classmethod
     def load(cls, path: Path) -> CostModel:
-        if path.is_file():
-            return cls([tuple(p) for p in json.loads(path.read_text())["points"]])
-        return cls()
+        return cls(read_profile(path) or [])
 
     def observe(self, tokens: int, seconds: float) -> bool:
         """Record one step; returns True when this observation triggered a refit."""

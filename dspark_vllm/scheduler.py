@@ -82,14 +82,14 @@ class DSparkScheduler(Scheduler):
             surv.append(survival(conf[: len(drafts)]))
         num_running = len(self.running)
         token_budget = self.max_num_scheduled_tokens
-        counts: list[int] = []
-        if surv and self.policy == "production" and len(self._history) >= 2:
-            total = production_budget(self._history[-2], num_running, num_running,
-                                      self.cost_model.cost, token_budget)
-            counts = admit_top(surv, total)
-        elif surv:
-            counts = admit_greedy(surv, num_running, self.cost_model.cost, token_budget)
+        counts: list[int] = []  # stays empty on a step that drafted nothing
         if surv:
+            if self.policy == "production" and len(self._history) >= 2:
+                total = production_budget(self._history[-2], num_running, num_running,
+                                          self.cost_model.cost, token_budget)
+                counts = admit_top(surv, total)
+            else:
+                counts = admit_greedy(surv, num_running, self.cost_model.cost, token_budget)
             self._history.append(surv)
         for i, s, n in zip(ids, surv, counts):
             drafts = draft_token_ids.draft_token_ids[i]

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from dspark_vllm.budget import StepCost
-from dspark_vllm.cost_model import MIN_SPAN_TOKENS, REFIT_EVERY, CostModel, fit
+from dspark_vllm.cost_model import (MIN_SPAN_TOKENS, REFIT_EVERY, CostModel, fit,
+                                    read_profile)
 
 
 def test_fit_recovers_a_line_and_never_goes_negative():
@@ -59,3 +60,12 @@ def test_profile_round_trips_through_its_cache_file(tmp_path):
     cm = CostModel.load(path)
     assert cm.cost.alpha == pytest.approx(0.04) and cm.cost.beta == pytest.approx(0.002)
     assert CostModel.load(tmp_path / "missing.json").profile == []
+
+
+@pytest.mark.parametrize("text", ["{not json", '{"points": [[1, "x"]]}', '{"pts": []}', "[]"])
+def test_a_corrupt_profile_cache_is_named_and_ignored(tmp_path, caplog, text):
+    path = tmp_path / "p.json"
+    path.write_text(text)
+    assert read_profile(path) is None  # the engine profiles again and overwrites it
+    assert str(path) in caplog.text
+    assert CostModel.load(path).cost == StepCost(0.05, 0.002)  # the prior until refits

@@ -76,11 +76,11 @@ def apply() -> None:
         if (sc is None or sc.method != "dspark" or not sc.enable_adaptive_verification
                 or kwargs.get("is_profiling") or (args and args[0] is True)):
             return out
-        from ..cost_model import profile_key, profile_path
+        from ..cost_model import profile_key, profile_path, read_profile
 
         mc = self.vllm_config.model_config
         path = profile_path(profile_key(mc.model, str(mc.dtype), self.scheduler_config.max_num_seqs))
-        if path.is_file():
+        if read_profile(path) is not None:
             return out
         t0 = time.perf_counter()
         try:
