@@ -82,7 +82,11 @@ def measure(url, server, prompts, conc, reqs, warmup, repeats, open_rate=None):
     med = {k: statistics.median(r[k] for r in runs if r.get(k) is not None) for k in keys}
     spread = {k: (min(r[k] for r in runs), max(r[k] for r in runs)) for k in
               ("per_user_tok_s", "throughput_tok_s") if all(r.get(k) for r in runs)}
-    return {"median": med, "spread": spread, "runs": runs}
+    out = {"median": med, "spread": spread, "runs": runs}
+    status = server.status()
+    if status and status.get("status"):  # the budget's cost lines and gate arms, as left
+        out["scheduler_status"] = status["status"]
+    return out
 
 
 def run_sweep(args) -> dict:
@@ -103,6 +107,7 @@ def run_sweep(args) -> dict:
         print(f"== {name}: {spec}", flush=True)
         server = VllmServer(target, spec=spec, log_path=out / f"{name}.log",
                             enforce_eager=args.eager, max_model_len=2048,
+                            env={"VLLM_PLUGINS": "dspark"},  # + /dspark/status where budgeted
                             args=["--max-num-seqs", str(max(args.concurrency))])
         t0 = time.time()
         with server:

@@ -73,31 +73,37 @@ def admit_greedy(
     return n
 
 
-def drafting_pays(
+def draft_gain(
     survivals: Sequence[Sequence[float]],  # per request: a_{r,1..K_r}
     counts: Sequence[int],  # drafts admitted per request (Algorithm 1)
     base_tokens: int,
     cost: StepCost,  # the step without its draft pass
     draft_cost: StepCost,  # the draft pass, as a function of drafted slots (B x L)
     draft_len: int,  # slots per request the next draft pass would run
-) -> bool:
-    """Beyond the paper: should the next step draft at all?
+) -> float:
+    """Beyond the paper: predicted tokens/s with drafting over tokens/s without.
 
     Algorithm 1 treats drafts as free (they already exist when it runs). They are not: on
     a compute-bound engine the draft pass is a real share of the step. Speculating pays
     when expected tokens per second, with the admitted drafts and the pass that drafts
     them, beat plain decoding: (B + sum a) / (t(T) + d(B L)) > B / t(B). Decided from
     confidences already seen, before the next drafts exist: the causality wall holds.
+    0 when nothing is admitted.
     """
     b = len(counts)
     if b == 0 or sum(counts) == 0:
-        return False
+        return 0.0
     expected = b + sum(sum(s[:n]) for s, n in zip(survivals, counts))
     on = expected / (cost.seconds(base_tokens + sum(counts)) + draft_cost.seconds(b * draft_len))
-    return on > b / cost.seconds(base_tokens)
+    return on / (b / cost.seconds(base_tokens))
 
 
-def next_draft_len(
+def drafting_pays(survivals, counts, base_tokens, cost, draft_cost, draft_len) -> bool:
+    """Does the next step's draft pass pay for itself? (draft_gain > 1)"""
+    return draft_gain(survivals, counts, base_tokens, cost, draft_cost, draft_len) > 1.0
+
+
+def plan_draft(
     pool: Sequence[Sequence[float]],  # survivals of recently drafted requests
     counts: Sequence[int],  # this step's admissions ([] when it drafted nothing)
     num_running: int,
@@ -106,24 +112,34 @@ def next_draft_len(
     token_budget: int,
     max_drafts: int,
     headroom: int = 1,
-) -> int:
-    """Slots the next step drafts per request; 0 = no draft pass (context K/V only).
+) -> tuple[int, float]:
+    """(slots to draft per request if drafting, predicted gain of drafting at all).
 
-    The on/off question is one of load, so it reads the pool's mean survival curve
+    The on/off question is one of load, so the gain reads the pool's mean survival curve
     replicated over today's batch (one doubtful draft must not switch drafting off for a
-    quiet engine). When drafting pays, this step's own admissions size the next draft
-    (largest budget + headroom, so budgets can grow), as in the paper.
+    quiet engine). The length comes from this step's own admissions (largest budget +
+    headroom, so budgets can grow), as in the paper, or from the pool after an off step.
     """
     if not pool or num_running <= 0:
-        return max_drafts
+        return max_drafts, math.inf  # no evidence yet: draft everything
     k = max(len(a) for a in pool)
     mean = [sum(a[j] for a in pool if j < len(a)) / len(pool) for j in range(k)]
     batch = [mean] * num_running
     n = admit_greedy(batch, num_running, cost, token_budget)
     length = min(max_drafts, max(n, default=0) + headroom)
-    if not drafting_pays(batch, n, num_running, cost, draft_cost, length):
-        return 0
-    return min(max_drafts, max(counts) + headroom) if counts else length
+    gain = draft_gain(batch, n, num_running, cost, draft_cost, length)
+    if counts:
+        length = min(max_drafts, max(counts) + headroom)
+    return length, gain
+
+
+def next_draft_len(pool, counts, num_running, cost, draft_cost, token_budget, max_drafts,
+                   headroom: int = 1) -> int:
+    """Slots the next step drafts per request from the prediction alone; 0 = no draft
+    pass (context K/V only)."""
+    length, gain = plan_draft(pool, counts, num_running, cost, draft_cost, token_budget,
+                              max_drafts, headroom)
+    return length if gain > 1.0 else 0
 
 
 def admit_top(survivals: Sequence[Sequence[float]], total: int) -> list[int]:

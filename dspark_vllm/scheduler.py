@@ -18,15 +18,15 @@ from collections import deque
 
 from vllm.v1.core.sched.scheduler import Scheduler
 
-from .budget import (AcceptanceEstimator, admit_greedy, admit_top, next_draft_len,
+from .budget import (AcceptanceEstimator, admit_greedy, admit_top, plan_draft,
                      production_budget, survival)
 from .cost_model import DRAFT_PRIOR, CostModel, profile_key, profile_path
+from .gate import EXPLORE_MARGIN, Explorer, RealisedRates
 from .metrics import DSparkStats
 
 log = logging.getLogger("vllm.dspark.scheduler")
 POLICIES = ("greedy", "production")
 DRAFT_HEADROOM = 1  # draft this many slots beyond the largest budget, so budgets can grow
-PROBE_EVERY = 32  # steps without drafting between one-slot probes that refresh confidences
 GATE_POOL = 64  # recent drafted requests whose mean survival curve the draft gate reads
 
 
@@ -51,7 +51,9 @@ class DSparkScheduler(Scheduler):
         self._step_tokens = self._step_slots = 0
         self._pending: tuple[int, float, int] | None = None  # last step: tokens, s, slots
         self._pool: deque[list[float]] = deque(maxlen=GATE_POOL)  # recent survivals
-        self._off_steps = 0
+        self.rates = RealisedRates()  # measured tokens/s, drafted vs undrafted steps
+        self.explorer = Explorer()
+        self._prev_slots = 0  # slots the previous step drafted (what this one verifies)
         self.draft_len = self.max_drafts  # slots drafted per request next step
         log.info("DSpark load-aware budget: policy=%s, cost %s (%s)", self.policy,
                  self.cost_model.cost, "profiled" if self.cost_model.profile else "prior")
@@ -106,19 +108,24 @@ class DSparkScheduler(Scheduler):
         super().update_draft_token_ids(draft_token_ids)
 
     def _plan_next_draft(self, surv, counts, num_running: int, token_budget: int) -> None:
-        """The next step's draft length (budget.next_draft_len), with a one-slot probe
-        every PROBE_EVERY steps while drafting is off, so the confidences stay fresh.
-        Decided from confidences already seen, before the next drafts exist."""
+        """The next step's draft length: whether to draft at all is the measured verdict
+        (gate.RealisedRates) where the predicted gain (budget.plan_draft) is unsure and both
+        arms are measured at this load, else the prediction; gate.Explorer spends short
+        bursts on the other arm where the prediction is unsure. Decided from finished steps only, before the next drafts
+        exist."""
         self._pool.extend(surv)
-        if not self._pool or not num_running:
+        if not num_running:
             return
-        length = next_draft_len(self._pool, counts, num_running, self.cost_model.cost,
-                                self.draft_cost.cost, token_budget, self.max_drafts,
-                                DRAFT_HEADROOM)
-        self._off_steps = self._off_steps + 1 if length == 0 else 0
-        if length == 0 and self._off_steps % PROBE_EVERY == 0:
-            length = DRAFT_HEADROOM
-        self.draft_len = self.stats.draft_len = length
+        length, gain = plan_draft(self._pool, counts, num_running, self.cost_model.cost,
+                                  self.draft_cost.cost, token_budget, self.max_drafts,
+                                  DRAFT_HEADROOM)
+        # Measurement overrules the prediction only where the prediction is unsure: a rare
+        # batch size's few samples (first-shape warm-up, a closed loop's tail) must not
+        # switch drafting off for a quiet engine where it clearly pays.
+        measured = self.rates.verdict(num_running) if gain < EXPLORE_MARGIN else None
+        on = measured if measured is not None else gain > 1.0
+        on = self.explorer.decide(on, gain)
+        self.draft_len = self.stats.draft_len = length if on else 0
 
     def _observe_costs(self, draft_seconds: float) -> None:
         """Feed the last step's time to the two cost models: the step without its draft
@@ -144,11 +151,12 @@ class DSparkScheduler(Scheduler):
         return out
 
     def update_from_output(self, scheduler_output, model_runner_output):
+        sampled = model_runner_output.sampled_token_ids
         if self._step_start is not None and self._step_tokens:
             seconds = time.perf_counter() - self._step_start
             self._pending = (self._step_tokens, seconds, self._step_slots)
             self.stats.verify_seconds += seconds
-        sampled = model_runner_output.sampled_token_ids
+            self._observe_rate(scheduler_output, sampled, seconds)
         for req_id, spec in scheduler_output.scheduled_spec_decode_tokens.items():
             idx = model_runner_output.req_id_to_index.get(req_id)
             if not spec or idx is None or not sampled:
@@ -159,6 +167,16 @@ class DSparkScheduler(Scheduler):
         out = super().update_from_output(scheduler_output, model_runner_output)
         self.stats.maybe_publish(self._status)
         return out
+
+    def _observe_rate(self, scheduler_output, sampled, seconds: float) -> None:
+        """Feed a pure-decode step to the gate's arms: drafted if it verified drafts and
+        drafted again, undrafted if neither (the steps between are transitions)."""
+        drafted, prev, self._prev_slots = self._step_slots > 0, self._prev_slots > 0, self._step_slots
+        batch = len(scheduler_output.num_scheduled_tokens)
+        spec = sum(len(v) for v in scheduler_output.scheduled_spec_decode_tokens.values())
+        if drafted != prev or scheduler_output.total_num_scheduled_tokens != batch + spec:
+            return  # a transition, or prefill tokens in the step
+        self.rates.observe(batch, drafted, sum(len(t) for t in sampled or ()), seconds)
 
     def _free_request(self, request, *args, **kwargs):
         self._admitted.pop(request.request_id, None)
@@ -172,5 +190,7 @@ class DSparkScheduler(Scheduler):
                 "draft_cost": {"alpha_s": self.draft_cost.cost.alpha,
                                "beta_s_per_slot": self.draft_cost.cost.beta},
                 "draft_len": self.draft_len,
+                "gate": {"tokens_per_second_by_batch": self.rates.table(),
+                         "exploration_bursts": self.explorer.bursts},
                 "fallback_acceptance": self.estimator.rates(self.max_drafts),
                 "running": len(self.running), "tracked_requests": len(self._admitted)}

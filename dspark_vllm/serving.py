@@ -87,6 +87,14 @@ class VllmServer:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait(10)
 
+    def status(self) -> dict | None:
+        """The DSpark status view (/dspark/status), None where the server has none."""
+        try:
+            with urllib.request.urlopen(self.url + "/dspark/status", timeout=10) as r:
+                return json.loads(r.read().decode())
+        except (OSError, ValueError):
+            return None
+
     def metrics(self) -> dict[str, float]:
         """Prometheus text from /metrics as {name{labels}: value}."""
         with urllib.request.urlopen(self.url + "/metrics", timeout=10) as r:

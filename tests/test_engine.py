@@ -283,6 +283,9 @@ def test_status_view_and_metrics(adaptive):
     assert status["status"]["policy"] in ("greedy", "production")
     assert "step_seconds_by_tokens" in status["status"]["cost_model"]
     assert len(status["calibration_error"]) == 7
+    # The gate's measured arms were fed by the earlier tests' pure-decode steps.
+    arms = status["status"]["gate"]["tokens_per_second_by_batch"]
+    assert any((a["drafted_tok_s"] or 0) > 0 for a in arms.values()), arms
     with urllib.request.urlopen(adaptive.url + "/metrics") as r:
         text = r.read().decode()
     for name in ("dspark_verify_budget_tokens_bucket", "dspark_phase_seconds_total",

@@ -1,0 +1,100 @@
+"""The draft gate's measured half: tokens per second the engine really produced.
+
+budget.next_draft_len predicts whether drafting pays from confidences and two cost lines.
+A prediction carries two biases a busy engine cannot afford: confidences run optimistic off
+the training mix, and the cost lines miss what a drafted step spends outside the target
+forward and the draft pass (rejection sampling, bookkeeping). So the gate also keeps two
+arms per batch size: generated tokens / wall seconds of pure-decode steps that drafted and
+verified, and of steps that did neither. Where the prediction is unsure (gain under
+EXPLORE_MARGIN) and both arms hold samples, their comparison is the verdict; elsewhere the
+prediction decides.
+
+Exploration: a short burst of the other arm every PROBE_EVERY steps, but only where drafting
+is off or the prediction is unsure, so a quiet engine, where drafting clearly pays, never
+spends a step finding that out again.
+
+Causality: the arms read finished steps only; no draft is admitted or dropped because of
+how it turned out (admission stays budget.admit_greedy's), only the next step's draft length.
+"""
+
+from __future__ import annotations
+
+# Tuning constants, each with its reason.
+PROBE_EVERY = 32  # steps in one state before a burst of the other: ~1/9 of steps at the margin
+PROBE_BURST = 4  # steps per burst; the first is a transition (not sampled), 3 clean samples
+EXPLORE_MARGIN = 1.3  # predicted gains above this are not worth re-checking (c=1: ~2-3x)
+ARM_WEIGHT = 0.25  # EWMA weight of a new sample: ~4 bursts of memory, follows traffic drift
+MIN_SAMPLES = 2  # clean samples an arm needs before its rate is trusted
+
+
+def bucket(batch: int) -> int:
+    """Batch sizes that share arms: exact up to 4, then 2-wide to 8, then 4-wide.
+    (Closed-loop load wanders by a few requests; exact keys would starve the arms.)"""
+    if batch <= 4:
+        return batch
+    if batch <= 8:
+        return 2 * ((batch + 1) // 2)
+    return 4 * ((batch + 3) // 4)
+
+
+class RealisedRates:
+    """EWMA of (tokens per step, seconds per step) per (batch bucket, drafted) arm."""
+
+    def __init__(self, weight: float = ARM_WEIGHT, min_samples: int = MIN_SAMPLES) -> None:
+        self.weight, self.min_samples = weight, min_samples
+        self.arms: dict[tuple[int, bool], list[float]] = {}  # -> [samples, tokens, seconds]
+
+    def observe(self, batch: int, drafted: bool, tokens: int, seconds: float) -> None:
+        if batch <= 0 or seconds <= 0:
+            return
+        arm = self.arms.setdefault((bucket(batch), drafted), [0, float(tokens), seconds])
+        w = self.weight
+        arm[0] += 1
+        arm[1] += w * (tokens - arm[1])
+        arm[2] += w * (seconds - arm[2])
+
+    def rate(self, batch: int, drafted: bool) -> float | None:
+        """Generated tokens per second of the arm, None until it has MIN_SAMPLES."""
+        arm = self.arms.get((bucket(batch), drafted))
+        if arm is None or arm[0] < self.min_samples:
+            return None
+        return arm[1] / arm[2]
+
+    def verdict(self, batch: int) -> bool | None:
+        """Does drafting produce more tokens per second at this load? None: not measured."""
+        on, off = self.rate(batch, True), self.rate(batch, False)
+        if on is None or off is None:
+            return None
+        return on > off
+
+    def table(self) -> dict[str, dict[str, float | None]]:
+        keys = sorted({b for b, _ in self.arms})
+        return {str(b): {"drafted_tok_s": self.rate(b, True),
+                         "undrafted_tok_s": self.rate(b, False)} for b in keys}
+
+
+class Explorer:
+    """When to spend a burst of steps on the arm the gate would not choose."""
+
+    def __init__(self, every: int = PROBE_EVERY, burst: int = PROBE_BURST,
+                 margin: float = EXPLORE_MARGIN) -> None:
+        self.every, self.burst, self.margin = every, burst, margin
+        self.streak = 0  # steps since the last burst ended
+        self.left = 0  # steps left in the current burst
+        self.arm = False  # the state a burst runs in
+        self.bursts = 0
+
+    def decide(self, on: bool, gain: float) -> bool:
+        """The state the next step runs in: `on` (the gate's choice) or, in a burst, not on.
+        Drafting off is always re-checked; drafting on only where the prediction is unsure
+        (predicted gain < margin)."""
+        if self.left:
+            self.left -= 1
+            return self.arm
+        self.streak += 1
+        unsure = not on or gain < self.margin
+        if unsure and self.streak >= self.every:
+            self.streak, self.left, self.arm = 0, self.burst - 1, not on
+            self.bursts += 1
+            return self.arm
+        return on

@@ -1,0 +1,144 @@
+"""The draft gate's measured arms and its exploration schedule (gate.py), at tiny sizes."""
+
+import math
+
+from dspark_vllm.budget import StepCost, next_draft_len, plan_draft, survival
+from dspark_vllm.gate import Explorer, RealisedRates, bucket
+
+COST = StepCost(alpha=0.02, beta=0.0012)
+DRAFT = StepCost(alpha=0.003, beta=0.0004)
+
+
+def test_buckets_are_monotone_and_exact_at_low_load():
+    assert [bucket(b) for b in (1, 2, 3, 4)] == [1, 2, 3, 4]
+    assert bucket(5) == bucket(6) == 6 and bucket(7) == bucket(8) == 8
+    assert bucket(13) == bucket(16) == 16 and bucket(17) == 20
+    seq = [bucket(b) for b in range(1, 65)]
+    assert seq == sorted(seq) and all(bucket(b) >= b for b in range(1, 65))
+
+
+def test_verdict_needs_both_arms_then_compares_tokens_per_second():
+    r = RealisedRates(weight=0.5, min_samples=2)
+    assert r.verdict(16) is None
+    for _ in range(3):
+        r.observe(16, True, tokens=24, seconds=0.20)  # 120 tok/s drafting
+    assert r.verdict(16) is None  # the undrafted arm is unmeasured
+    r.observe(16, False, tokens=16, seconds=0.10)
+    assert r.verdict(16) is None  # one sample is not enough
+    r.observe(15, False, tokens=15, seconds=0.10)  # 15 shares 16's bucket
+    # undrafted EWMA: tokens 16 -> 15.5, seconds 0.10 -> 150 tok/s > 120: do not draft
+    assert math.isclose(r.rate(16, False), 155.0)
+    assert r.verdict(16) is False
+    assert r.verdict(8) is None  # another load is measured separately
+    for _ in range(6):  # traffic drifts: drafting now accepts more
+        r.observe(16, True, tokens=40, seconds=0.20)
+    assert r.verdict(16) is True
+    table = r.table()
+    assert set(table) == {"16"} and table["16"]["drafted_tok_s"] > 190
+
+
+def test_bad_samples_are_ignored():
+    r = RealisedRates(min_samples=1)
+    r.observe(0, True, 5, 0.1)
+    r.observe(4, True, 5, 0.0)
+    assert r.arms == {}
+
+
+def test_explorer_rechecks_off_always_and_on_only_when_unsure():
+    ex = Explorer(every=4, burst=2, margin=1.3)
+    # Sure drafting (gain 3x, nothing measured): never a burst.
+    assert all(ex.decide(True, 3.0) for _ in range(50)) and ex.bursts == 0
+    ex = Explorer(every=4, burst=2, margin=1.3)
+    states = [ex.decide(False, 0.8) for _ in range(12)]
+    # Off: every 4th step starts a 2-step drafting burst.
+    assert states == [False, False, False, True, True, False, False, False, True, True, False,
+                      False]
+    ex = Explorer(every=4, burst=2, margin=1.3)
+    states = [ex.decide(True, 1.1) for _ in range(6)]  # on, but only just
+    assert states == [True, True, True, False, False, True]
+
+
+def test_a_burst_keeps_its_arm_when_the_verdict_flips_mid_burst():
+    ex = Explorer(every=2, burst=3)
+    assert ex.decide(False, 0.5) is False
+    assert ex.decide(False, 0.5) is True  # burst starts: drafting
+    assert ex.decide(True, 0.5) is True  # verdict flipped to on: the burst still drafts
+    assert ex.decide(True, 0.5) is True
+
+
+def test_plan_draft_matches_next_draft_len():
+    pool = [survival([0.9] * 7)] * 8
+    length, gain = plan_draft(pool, [3], 1, COST, DRAFT, 10_000, 7)
+    assert length == 4 and gain > 1.3  # quiet engine: drafting clearly pays
+    assert next_draft_len(pool, [3], 1, COST, DRAFT, 10_000, 7) == 4
+    doubtful = [survival([0.3] + [0.5] * 6)] * 8
+    length, gain = plan_draft(doubtful, [1] * 16, 16, COST, DRAFT, 10_000, 7)
+    assert gain < 1.0 and next_draft_len(doubtful, [1] * 16, 16, COST, DRAFT, 10_000, 7) == 0
+    assert plan_draft([], [], 4, COST, DRAFT, 10_000, 7) == (7, math.inf)
+
+
+def _step(batch: int, spec_per_req: int, prefill: int = 0):
+    from types import SimpleNamespace
+
+    ids = [f"r{i}" for i in range(batch)]
+    return SimpleNamespace(
+        num_scheduled_tokens={r: 1 + spec_per_req for r in ids},
+        scheduled_spec_decode_tokens={r: [7] * spec_per_req for r in ids if spec_per_req},
+        total_num_scheduled_tokens=batch * (1 + spec_per_req) + prefill)
+
+
+def test_scheduler_feeds_only_clean_pure_decode_steps_to_the_arms():
+    from types import SimpleNamespace
+
+    from dspark_vllm.scheduler import DSparkScheduler
+
+    fake = SimpleNamespace(rates=RealisedRates(min_samples=1), _prev_slots=0, _step_slots=0)
+    observe = DSparkScheduler._observe_rate
+    fake._step_slots = 8  # off -> on: verifies nothing, drafts: a transition
+    observe(fake, _step(4, 0), [[1]] * 4, 0.1)
+    assert fake.rates.arms == {}
+    observe(fake, _step(4, 2), [[1, 2, 3]] * 4, 0.2)  # on, steady: 12 tokens in 0.2 s
+    assert fake.rates.rate(4, True) == 60.0
+    observe(fake, _step(4, 2, prefill=30), [[1]] * 4, 0.5)  # a prefill chunk rode along
+    assert fake.rates.arms[(4, True)][0] == 1
+    fake._step_slots = 0  # on -> off: verifies, drafts nothing: a transition
+    observe(fake, _step(4, 2), [[1, 2]] * 4, 0.2)
+    observe(fake, _step(4, 0), [[1]] * 4, 0.1)  # off, steady: 40 tok/s
+    assert fake.rates.rate(4, False) == 40.0 and fake.rates.verdict(4) is True
+
+
+def _fake_scheduler(pool):
+    from types import SimpleNamespace
+
+    from dspark_vllm.cost_model import CostModel
+
+    return SimpleNamespace(_pool=list(pool), cost_model=CostModel(prior=COST),
+                           draft_cost=CostModel(prior=DRAFT), max_drafts=7,
+                           rates=RealisedRates(min_samples=1), explorer=Explorer(every=10_000),
+                           stats=SimpleNamespace(draft_len=7), draft_len=7)
+
+
+def test_measurement_overrules_only_an_unsure_prediction():
+    from dspark_vllm.scheduler import DSparkScheduler
+
+    plan = DSparkScheduler._plan_next_draft
+    sure = [survival([0.9] * 7)] * 8
+    fake = _fake_scheduler(sure)
+    assert plan_draft(sure, [], 1, COST, DRAFT, 10_000, 7)[1] > 1.3
+    for _ in range(3):  # a few odd samples at one request say drafting loses
+        fake.rates.observe(1, True, 2, 0.2)
+        fake.rates.observe(1, False, 1, 0.02)
+    plan(fake, [], [], 1, 10_000)
+    assert fake.draft_len > 0  # the prediction is sure: keep drafting
+    # A busy engine where the prediction only just favours drafting: measurement decides.
+    p = next(p / 100 for p in range(30, 100)
+             if 1.0 < plan_draft([survival([p / 100] * 7)] * 8, [], 16, COST, DRAFT, 10_000,
+                                 7)[1] < 1.3)
+    unsure = [survival([p] * 7)] * 8
+    fake = _fake_scheduler(unsure)
+    plan(fake, [], [], 16, 10_000)
+    assert fake.draft_len > 0  # nothing measured yet: the prediction says draft
+    fake.rates.observe(16, True, 20, 0.2)
+    fake.rates.observe(16, False, 16, 0.1)
+    plan(fake, [], [], 16, 10_000)
+    assert fake.draft_len == 0  # measured: undrafted steps produce more tokens per second
