@@ -111,8 +111,8 @@ class DSparkScheduler(Scheduler):
         """The next step's draft length: whether to draft at all is the measured verdict
         (gate.RealisedRates) where the predicted gain (budget.plan_draft) is unsure and both
         arms are measured at this load, else the prediction; gate.Explorer spends short
-        bursts on the other arm where the prediction is unsure. Decided from finished steps only, before the next drafts
-        exist."""
+        bursts on the other arm where the prediction is unsure. Decided from finished
+        steps only, before the next drafts exist."""
         self._pool.extend(surv)
         if not num_running:
             return
