@@ -25,6 +25,8 @@ PROBE_BURST = 4  # steps per burst; the first is a transition (not sampled), 3 c
 EXPLORE_MARGIN = 1.3  # predicted gains above this are not worth re-checking (c=1: ~2-3x)
 ARM_WEIGHT = 0.25  # EWMA weight of a new sample: ~4 bursts of memory, follows traffic drift
 MIN_SAMPLES = 2  # clean samples an arm needs before its rate is trusted
+TIE_MARGIN = 0.03  # drafting must win by this much: a tie goes to the cheaper, steadier path
+                   # (the arms leave out prefill steps and bursts, where drafting costs more)
 
 
 def bucket(batch: int) -> int:
@@ -40,8 +42,9 @@ def bucket(batch: int) -> int:
 class RealisedRates:
     """EWMA of (tokens per step, seconds per step) per (batch bucket, drafted) arm."""
 
-    def __init__(self, weight: float = ARM_WEIGHT, min_samples: int = MIN_SAMPLES) -> None:
-        self.weight, self.min_samples = weight, min_samples
+    def __init__(self, weight: float = ARM_WEIGHT, min_samples: int = MIN_SAMPLES,
+                 tie_margin: float = TIE_MARGIN) -> None:
+        self.weight, self.min_samples, self.tie_margin = weight, min_samples, tie_margin
         self.arms: dict[tuple[int, bool], list[float]] = {}  # -> [samples, tokens, seconds]
 
     def observe(self, batch: int, drafted: bool, tokens: int, seconds: float) -> None:
@@ -61,11 +64,12 @@ class RealisedRates:
         return arm[1] / arm[2]
 
     def verdict(self, batch: int) -> bool | None:
-        """Does drafting produce more tokens per second at this load? None: not measured."""
+        """Does drafting produce more tokens per second at this load (by more than the tie
+        margin)? None: not measured."""
         on, off = self.rate(batch, True), self.rate(batch, False)
         if on is None or off is None:
             return None
-        return on > off
+        return on > off * (1.0 + self.tie_margin)
 
     def table(self) -> dict[str, dict[str, float | None]]:
         keys = sorted({b for b, _ in self.arms})

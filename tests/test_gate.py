@@ -37,6 +37,15 @@ def test_verdict_needs_both_arms_then_compares_tokens_per_second():
     assert set(table) == {"16"} and table["16"]["drafted_tok_s"] > 190
 
 
+def test_a_tie_goes_to_not_drafting():
+    r = RealisedRates(min_samples=1, tie_margin=0.03)
+    r.observe(16, True, 102, 1.0)
+    r.observe(16, False, 100, 1.0)
+    assert r.verdict(16) is False  # 2% is inside the margin
+    r.observe(16, True, 130, 1.0)
+    assert r.verdict(16) is True
+
+
 def test_bad_samples_are_ignored():
     r = RealisedRates(min_samples=1)
     r.observe(0, True, 5, 0.1)
