@@ -17,6 +17,7 @@ import asyncio
 import json
 import statistics
 import time
+from contextlib import ExitStack
 from pathlib import Path
 
 from benchmarks.load import closed_loop, open_loop, summarize
@@ -51,33 +52,36 @@ def prompt_set(n: int) -> list[list[dict]]:
     return mix
 
 
-def measure(url, server, prompts, conc, reqs, warmup, repeats, open_rate=None):
-    runs = []
-    for rep in range(repeats):
-        before = server.metrics()
-        if open_rate:
-            res, window = asyncio.run(open_loop(url, prompts[rep:] + prompts[:rep], open_rate * conc,
-                                                reqs, MAX_TOKENS, seed=rep))
-        else:
-            res, window = asyncio.run(closed_loop(url, prompts[rep:] + prompts[:rep], conc, reqs,
-                                                  MAX_TOKENS, warmup=warmup))
-        after = server.metrics()
-        s = summarize(res, window)
-        d = metrics_delta(before, after)
-        drafts = metric_sum(d, "vllm:spec_decode_num_drafts_total")
-        s["acceptance_length"] = acceptance_length(d) or 1.0
-        verified = metric_sum(d, "vllm:spec_decode_num_draft_tokens_total")
-        # Per request-step, steps that drafted nothing included: every request-step emits
-        # one token plus its accepted drafts, so request-steps = generated - accepted.
-        steps = metric_sum(d, "vllm:generation_tokens_total") - \
-            metric_sum(d, "vllm:spec_decode_num_accepted_tokens_total")
-        s["verified_drafts_per_request_step"] = verified / steps if steps > 0 else 0.0
-        s["drafted_step_share"] = drafts / steps if steps > 0 else 0.0
-        for phase in PHASES:  # load-aware budget only (its metrics)
-            key = f'dspark_phase_seconds_total{{phase="{phase}"}}'
-            if key in d:
-                s[f"{phase}_seconds"] = d[key]
-        runs.append(s)
+def measure_once(url, server, prompts, conc, reqs, warmup, rep, open_rate=None) -> dict:
+    """One repeat of one load point (prompts rotated by the repeat index)."""
+    before = server.metrics()
+    if open_rate:
+        res, window = asyncio.run(open_loop(url, prompts[rep:] + prompts[:rep], open_rate * conc,
+                                            reqs, MAX_TOKENS, seed=rep))
+    else:
+        res, window = asyncio.run(closed_loop(url, prompts[rep:] + prompts[:rep], conc, reqs,
+                                              MAX_TOKENS, warmup=warmup))
+    after = server.metrics()
+    s = summarize(res, window)
+    d = metrics_delta(before, after)
+    drafts = metric_sum(d, "vllm:spec_decode_num_drafts_total")
+    s["acceptance_length"] = acceptance_length(d) or 1.0
+    verified = metric_sum(d, "vllm:spec_decode_num_draft_tokens_total")
+    # Per request-step, steps that drafted nothing included: every request-step emits
+    # one token plus its accepted drafts, so request-steps = generated - accepted.
+    steps = metric_sum(d, "vllm:generation_tokens_total") - \
+        metric_sum(d, "vllm:spec_decode_num_accepted_tokens_total")
+    s["verified_drafts_per_request_step"] = verified / steps if steps > 0 else 0.0
+    s["drafted_step_share"] = drafts / steps if steps > 0 else 0.0
+    for phase in PHASES:  # load-aware budget only (its metrics)
+        key = f'dspark_phase_seconds_total{{phase="{phase}"}}'
+        if key in d:
+            s[f"{phase}_seconds"] = d[key]
+    return s
+
+
+def aggregate(runs: list[dict], server) -> dict:
+    """Medians over repeats, the spread of the headline numbers, and the scheduler status."""
     keys = [k for k, v in runs[0].items() if isinstance(v, (int, float)) and v is not None]
     med = {k: statistics.median(r[k] for r in runs if r.get(k) is not None) for k in keys}
     spread = {k: (min(r[k] for r in runs), max(r[k] for r in runs)) for k in
@@ -87,6 +91,19 @@ def measure(url, server, prompts, conc, reqs, warmup, repeats, open_rate=None):
     if status and status.get("status"):  # the budget's cost lines and gate arms, as left
         out["scheduler_status"] = status["status"]
     return out
+
+
+def _server(target, name, spec, out, args) -> VllmServer:
+    return VllmServer(target, spec=spec, log_path=out / f"{name}.log", enforce_eager=args.eager,
+                      max_model_len=2048, env={"VLLM_PLUGINS": "dspark"},  # + /dspark/status
+                      args=["--max-num-seqs", str(max(args.concurrency))])
+
+
+def _point(name, c, point) -> None:
+    m = point["median"]
+    print(f"   {name} c={c:3d} per-user {m.get('per_user_tok_s', 0):6.1f} tok/s  throughput "
+          f"{m['throughput_tok_s']:6.1f} tok/s  tau {m['acceptance_length']:.2f}  verified/step "
+          f"{m['verified_drafts_per_request_step']:.2f}", flush=True)
 
 
 def run_sweep(args) -> dict:
@@ -101,29 +118,44 @@ def run_sweep(args) -> dict:
         cfgs = {k: v for k, v in cfgs.items() if k in args.only}
     results = json.loads((out / "sweep.json").read_text())["results"] if (out / "sweep.json").is_file() \
         and args.resume else {}
-    for name, spec in cfgs.items():
-        if name in results:
-            continue
+    cfgs = {k: v for k, v in cfgs.items() if k not in results}
+
+    def save():
+        (out / "sweep.json").write_text(json.dumps({"args": vars(args), "results": results}, indent=1))
+
+    def load_point(url, server, c, rep):
+        reqs = max(args.requests_per_user * c, args.min_requests)
+        return measure_once(url, server, prompts, c, reqs, warmup=c, rep=rep,
+                            open_rate=args.poisson)
+
+    if args.interleave:  # all servers up at once; repeats alternate between them (drift-fair)
+        with ExitStack() as stack:
+            servers = {}
+            for name, spec in cfgs.items():
+                print(f"== {name}: {spec}", flush=True)
+                servers[name] = stack.enter_context(_server(target, name, spec, out, args))
+                results[name] = {"spec": spec, "points": {}}
+            for c in args.concurrency:
+                runs = {name: [] for name in servers}
+                for rep in range(args.repeats):
+                    for name, server in servers.items():
+                        runs[name].append(load_point(server.url, server, c, rep))
+                for name, server in servers.items():
+                    results[name]["points"][str(c)] = aggregate(runs[name], server)
+                    _point(name, c, results[name]["points"][str(c)])
+                save()
+    for name, spec in cfgs.items() if not args.interleave else ():
         print(f"== {name}: {spec}", flush=True)
-        server = VllmServer(target, spec=spec, log_path=out / f"{name}.log",
-                            enforce_eager=args.eager, max_model_len=2048,
-                            env={"VLLM_PLUGINS": "dspark"},  # + /dspark/status where budgeted
-                            args=["--max-num-seqs", str(max(args.concurrency))])
         t0 = time.time()
-        with server:
+        with _server(target, name, spec, out, args) as server:
             print(f"   up in {time.time() - t0:.0f}s", flush=True)
             points = {}
             for c in args.concurrency:
-                reqs = max(args.requests_per_user * c, args.min_requests)
-                points[str(c)] = measure(server.url, server, prompts, c, reqs, warmup=c,
-                                         repeats=args.repeats, open_rate=args.poisson)
-                m = points[str(c)]["median"]
-                print(f"   c={c:3d} per-user {m.get('per_user_tok_s', 0):6.1f} tok/s  "
-                      f"throughput {m['throughput_tok_s']:6.1f} tok/s  tau "
-                      f"{m['acceptance_length']:.2f}  verified/step "
-                      f"{m['verified_drafts_per_request_step']:.2f}", flush=True)
+                points[str(c)] = aggregate([load_point(server.url, server, c, rep)
+                                            for rep in range(args.repeats)], server)
+                _point(name, c, points[str(c)])
         results[name] = {"spec": spec, "points": points}
-        (out / "sweep.json").write_text(json.dumps({"args": vars(args), "results": results}, indent=1))
+        save()
     from benchmarks.report import write_report
 
     write_report(out, results)
@@ -146,6 +178,9 @@ def main(argv=None):
     p.add_argument("--only", nargs="+", default=None, help="subset of configuration names")
     p.add_argument("--resume", action="store_true", help="keep configurations already in sweep.json")
     p.add_argument("--eager", action="store_true", help="--enforce-eager servers (faster start)")
+    p.add_argument("--interleave", action="store_true",
+                   help="start every server at once and alternate repeats between them, so "
+                        "machine drift hits all configurations alike (needs RAM for all)")
     p.add_argument("--quick", action="store_true", help="two configurations, tiny load (tests)")
     args = p.parse_args(argv)
     if args.quick:

@@ -9,9 +9,12 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from pathlib import Path
+
+from .metrics import METRICS_ENV
 
 BUNDLED_DRAFTER = Path(__file__).parent / "drafters" / "smollm2-135m-dspark"
 
@@ -45,8 +48,11 @@ class VllmServer:
             *args]
         if spec is not None:
             self.cmd += ["--speculative-config", json.dumps(spec)]
+        # Each server its own DSpark stats snapshot: a path inherited from this process
+        # (set once an in-process engine has run here) would be shared by every server.
+        stats = Path(tempfile.mkdtemp(prefix="dspark-metrics-")) / "stats.json"
         self.env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": str(kv_cache_gb),
-                    "VLLM_CPU_NUM_OF_RESERVED_CPU": "0", **(env or {})}
+                    "VLLM_CPU_NUM_OF_RESERVED_CPU": "0", METRICS_ENV: str(stats), **(env or {})}
         self.log_path = Path(log_path) if log_path else None
         self.proc: subprocess.Popen | None = None
 

@@ -35,15 +35,20 @@ def test_offline_acceptance_quick(tmp_path):
 
 @pytest.mark.engine
 @pytest.mark.slow
-def test_serving_sweep_quick(tmp_path):
+@pytest.mark.parametrize("interleave", [False, True])
+def test_serving_sweep_quick(tmp_path, interleave):
     from benchmarks.serving_sweep import main
     from tests.engine_utils import drafter_for_tests
 
     drafter = drafter_for_tests(tmp_path)
-    main(["--quick", "--drafter", str(drafter), "--out", str(tmp_path / "sweep")])
+    main(["--quick", "--drafter", str(drafter), "--out", str(tmp_path / "sweep")]
+         + ["--interleave"] * interleave)
     r = json.loads((tmp_path / "sweep" / "sweep.json").read_text())["results"]
     assert set(r) == {"no-spec", "dspark-adaptive"}
     for name in r:
         assert set(r[name]["points"]) == {"1", "2"}
         assert r[name]["points"]["1"]["median"]["throughput_tok_s"] > 0
+    # The budget's server exposes its status (cost lines, gate arms); plain decoding has none.
+    assert "gate" in r["dspark-adaptive"]["points"]["2"]["scheduler_status"]
+    assert "scheduler_status" not in r["no-spec"]["points"]["2"]
     assert (tmp_path / "sweep" / "frontier.png").stat().st_size > 0
