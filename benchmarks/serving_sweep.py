@@ -52,8 +52,9 @@ def prompt_set(n: int) -> list[list[dict]]:
     return mix
 
 
-def measure_once(url, server, prompts, conc, reqs, warmup, rep, open_rate=None) -> dict:
+def measure_once(server, prompts, conc, reqs, warmup, rep, open_rate=None) -> dict:
     """One repeat of one load point (prompts rotated by the repeat index)."""
+    url = server.url
     before = server.metrics()
     if open_rate:
         res, window = asyncio.run(open_loop(url, prompts[rep:] + prompts[:rep], open_rate * conc,
@@ -123,10 +124,9 @@ def run_sweep(args) -> dict:
     def save():
         (out / "sweep.json").write_text(json.dumps({"args": vars(args), "results": results}, indent=1))
 
-    def load_point(url, server, c, rep):
+    def load_point(server, c, rep):
         reqs = max(args.requests_per_user * c, args.min_requests)
-        return measure_once(url, server, prompts, c, reqs, warmup=c, rep=rep,
-                            open_rate=args.poisson)
+        return measure_once(server, prompts, c, reqs, warmup=c, rep=rep, open_rate=args.poisson)
 
     if args.interleave:  # all servers up at once; repeats alternate between them (drift-fair)
         with ExitStack() as stack:
@@ -139,23 +139,24 @@ def run_sweep(args) -> dict:
                 runs = {name: [] for name in servers}
                 for rep in range(args.repeats):
                     for name, server in servers.items():
-                        runs[name].append(load_point(server.url, server, c, rep))
+                        runs[name].append(load_point(server, c, rep))
                 for name, server in servers.items():
                     results[name]["points"][str(c)] = aggregate(runs[name], server)
                     _point(name, c, results[name]["points"][str(c)])
                 save()
-    for name, spec in cfgs.items() if not args.interleave else ():
-        print(f"== {name}: {spec}", flush=True)
-        t0 = time.time()
-        with _server(target, name, spec, out, args) as server:
-            print(f"   up in {time.time() - t0:.0f}s", flush=True)
-            points = {}
-            for c in args.concurrency:
-                points[str(c)] = aggregate([load_point(server.url, server, c, rep)
-                                            for rep in range(args.repeats)], server)
-                _point(name, c, points[str(c)])
-        results[name] = {"spec": spec, "points": points}
-        save()
+    else:  # one server at a time
+        for name, spec in cfgs.items():
+            print(f"== {name}: {spec}", flush=True)
+            t0 = time.time()
+            with _server(target, name, spec, out, args) as server:
+                print(f"   up in {time.time() - t0:.0f}s", flush=True)
+                points = {}
+                for c in args.concurrency:
+                    points[str(c)] = aggregate([load_point(server, c, rep)
+                                                for rep in range(args.repeats)], server)
+                    _point(name, c, points[str(c)])
+            results[name] = {"spec": spec, "points": points}
+            save()
     from benchmarks.report import write_report
 
     write_report(out, results)
