@@ -102,3 +102,37 @@ class Explorer:
             self.bursts += 1
             return self.arm
         return on
+
+
+def step_kind(prefill: bool, verified: bool, drafted: bool) -> str:
+    """A step's kind for the ledger: carries prefill or only decodes; verified drafts or not;
+    ran the draft pass (for the next step) or only the drafter's context pass."""
+    return (f"{'prefill' if prefill else 'decode'}_{'verify' if verified else 'noverify'}"
+            f"_{'draft' if drafted else 'nodraft'}")
+
+
+class StepLedger:
+    """Where the engine's wall time went, by step kind: steps, seconds, generated tokens and
+    prefill tokens. The gate's arms see only clean pure-decode steps; this sees every step,
+    so the steps they leave out (prefill, transitions, bursts) can be priced too."""
+
+    def __init__(self) -> None:
+        # kind -> [steps, seconds, tokens, prefill tokens, cycle seconds]
+        self.kinds: dict[str, list[float]] = {}
+
+    def observe(self, kind: str, seconds: float, tokens: int, prefill_tokens: int) -> None:
+        row = self.kinds.setdefault(kind, [0, 0.0, 0, 0, 0.0])
+        row[0] += 1
+        row[1] += seconds
+        row[2] += tokens
+        row[3] += prefill_tokens
+
+    def cycle(self, kind: str, seconds: float) -> None:
+        """The step's whole engine cycle, schedule() to the next schedule(): the model
+        step plus what the engine does around it (output processing, draft hand-over)."""
+        self.kinds.setdefault(kind, [0, 0.0, 0, 0, 0.0])[4] += seconds
+
+    def table(self) -> dict[str, dict[str, float]]:
+        return {k: {"steps": r[0], "seconds": round(r[1], 4), "generated_tokens": r[2],
+                    "prefill_tokens": r[3], "cycle_seconds": round(r[4], 4)}
+                for k, r in sorted(self.kinds.items())}

@@ -171,6 +171,16 @@ class DSparkCollector:
             yield GaugeMetricFamily("dspark_tracked_requests",
                                     "Requests with budget state in the scheduler (0 when idle).",
                                     value=st["tracked_requests"])
+        kinds = st.get("steps_by_kind")
+        if kinds:  # where the engine's time went: prefill / verify / draft steps
+            cycle = CounterMetricFamily("dspark_step_cycle_seconds",
+                                        "Engine cycle time by step kind.", labels=["kind"])
+            steps = CounterMetricFamily("dspark_steps", "Engine steps by kind.", labels=["kind"])
+            for kind, row in kinds.items():
+                cycle.add_metric([kind], row["cycle_seconds"])
+                steps.add_metric([kind], row["steps"])
+            yield cycle
+            yield steps
         cm = st.get("cost_model")
         if cm:
             yield GaugeMetricFamily("dspark_cost_model_alpha_seconds", "Fixed step cost.",

@@ -21,7 +21,7 @@ from vllm.v1.core.sched.scheduler import Scheduler
 from .budget import (AcceptanceEstimator, admit_greedy, admit_top, plan_draft,
                      production_budget, survival)
 from .cost_model import DRAFT_PRIOR, CostModel, profile_key, profile_path
-from .gate import EXPLORE_MARGIN, Explorer, RealisedRates
+from .gate import EXPLORE_MARGIN, Explorer, RealisedRates, StepLedger, step_kind
 from .metrics import DSparkStats
 
 log = logging.getLogger("vllm.dspark.scheduler")
@@ -53,6 +53,9 @@ class DSparkScheduler(Scheduler):
         self._pool: deque[list[float]] = deque(maxlen=GATE_POOL)  # recent survivals
         self.rates = RealisedRates()  # measured tokens/s, drafted vs undrafted steps
         self.explorer = Explorer()
+        self.ledger = StepLedger()  # wall time by step kind (prefill / verify / draft)
+        self._last_kind: str | None = None  # the last step's kind, until its cycle ends
+        self._cycle_start = 0.0
         self._prev_slots = 0  # slots the previous step drafted (what this one verifies)
         self.draft_len = self.max_drafts  # slots drafted per request next step
         log.info("DSpark load-aware budget: policy=%s, cost %s (%s)", self.policy,
@@ -141,6 +144,10 @@ class DSparkScheduler(Scheduler):
 
     # ---------------------------------------------------------------- feedback
     def schedule(self, *args, **kwargs):
+        now = time.perf_counter()
+        if self._last_kind is not None:
+            self.ledger.cycle(self._last_kind, now - self._cycle_start)  # the last step's cycle
+        self._last_kind, self._cycle_start = None, now
         out = super().schedule(*args, **kwargs)
         out.num_spec_tokens_to_schedule = min(out.num_spec_tokens_to_schedule, self.draft_len)
         self._step_start = time.perf_counter()
@@ -169,14 +176,20 @@ class DSparkScheduler(Scheduler):
         return out
 
     def _observe_rate(self, scheduler_output, sampled, seconds: float) -> None:
-        """Feed a pure-decode step to the gate's arms: drafted if it verified drafts and
-        drafted again, undrafted if neither (the steps between are transitions)."""
+        """Feed every step to the ledger, and a pure-decode step to the gate's arms: drafted
+        if it verified drafts and drafted again, undrafted if neither (between: transitions)."""
         drafted, prev, self._prev_slots = self._step_slots > 0, self._prev_slots > 0, self._step_slots
-        batch = len(scheduler_output.num_scheduled_tokens)
-        spec = sum(len(v) for v in scheduler_output.scheduled_spec_decode_tokens.values())
-        if drafted != prev or scheduler_output.total_num_scheduled_tokens != batch + spec:
+        specs = scheduler_output.scheduled_spec_decode_tokens
+        prefill = sum(n for r, n in scheduler_output.num_scheduled_tokens.items()
+                      if n != 1 + len(specs.get(r, ())))  # tokens of prefill chunks
+        spec = sum(len(v) for v in specs.values())
+        tokens = sum(len(t) for t in sampled or ())
+        kind = step_kind(prefill > 0, spec > 0, drafted)
+        self.ledger.observe(kind, seconds, tokens, prefill)
+        self._last_kind = kind if self.running else None  # idle time is no step's cycle
+        if drafted != prev or prefill:
             return  # a transition, or prefill tokens in the step
-        self.rates.observe(batch, drafted, sum(len(t) for t in sampled or ()), seconds)
+        self.rates.observe(len(scheduler_output.num_scheduled_tokens), drafted, tokens, seconds)
 
     def _free_request(self, request, *args, **kwargs):
         self._admitted.pop(request.request_id, None)
@@ -192,5 +205,6 @@ class DSparkScheduler(Scheduler):
                 "draft_len": self.draft_len,
                 "gate": {"tokens_per_second_by_batch": self.rates.table(),
                          "exploration_bursts": self.explorer.bursts},
+                "steps_by_kind": self.ledger.table(),
                 "fallback_acceptance": self.estimator.rates(self.max_drafts),
                 "running": len(self.running), "tracked_requests": len(self._admitted)}

@@ -286,9 +286,20 @@ def test_status_view_and_metrics(adaptive):
     # The gate's measured arms were fed by the earlier tests' pure-decode steps.
     arms = status["status"]["gate"]["tokens_per_second_by_batch"]
     assert any((a["drafted_tok_s"] or 0) > 0 for a in arms.values()), arms
+    # The step ledger saw the prompts' prefill steps and the drafted decode steps.
+    kinds = status["status"]["steps_by_kind"]
+    assert sum(k["prefill_tokens"] for k in kinds.values()) > 0, kinds
+    assert kinds["decode_verify_draft"]["generated_tokens"] > kinds["decode_verify_draft"]["steps"]
     with urllib.request.urlopen(adaptive.url + "/metrics") as r:
         text = r.read().decode()
     for name in ("dspark_verify_budget_tokens_bucket", "dspark_phase_seconds_total",
                  "dspark_accepted_tokens_expected_total", "dspark_cost_model_beta_seconds",
-                 "dspark_draft_passes_skipped_total"):
+                 "dspark_draft_passes_skipped_total", "dspark_step_cycle_seconds_total"):
         assert name in text, name
+    # Every series the bundled Grafana dashboard plots is one the server exports.
+    import re
+    from importlib.resources import files
+
+    board = (files("dspark_vllm") / "dashboards" / "dspark-grafana.json").read_text()
+    for name in set(re.findall(r"dspark_[a-z_]+", board)):
+        assert name in text, f"dashboard plots {name}, not on /metrics"

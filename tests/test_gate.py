@@ -3,7 +3,7 @@
 import math
 
 from dspark_vllm.budget import StepCost, next_draft_len, plan_draft, survival
-from dspark_vllm.gate import Explorer, RealisedRates, bucket
+from dspark_vllm.gate import Explorer, RealisedRates, StepLedger, bucket
 
 COST = StepCost(alpha=0.02, beta=0.0012)
 DRAFT = StepCost(alpha=0.003, beta=0.0004)
@@ -90,8 +90,9 @@ def _step(batch: int, spec_per_req: int, prefill: int = 0):
     from types import SimpleNamespace
 
     ids = [f"r{i}" for i in range(batch)]
+    chunk = {"p": prefill} if prefill else {}  # a request whose prompt chunk rides along
     return SimpleNamespace(
-        num_scheduled_tokens={r: 1 + spec_per_req for r in ids},
+        num_scheduled_tokens={**{r: 1 + spec_per_req for r in ids}, **chunk},
         scheduled_spec_decode_tokens={r: [7] * spec_per_req for r in ids if spec_per_req},
         total_num_scheduled_tokens=batch * (1 + spec_per_req) + prefill)
 
@@ -101,7 +102,8 @@ def test_scheduler_feeds_only_clean_pure_decode_steps_to_the_arms():
 
     from dspark_vllm.scheduler import DSparkScheduler
 
-    fake = SimpleNamespace(rates=RealisedRates(min_samples=1), _prev_slots=0, _step_slots=0)
+    fake = SimpleNamespace(rates=RealisedRates(min_samples=1), ledger=StepLedger(),
+                           _prev_slots=0, _step_slots=0, running=[object()])
     observe = DSparkScheduler._observe_rate
     fake._step_slots = 8  # off -> on: verifies nothing, drafts: a transition
     observe(fake, _step(4, 0), [[1]] * 4, 0.1)
@@ -114,6 +116,15 @@ def test_scheduler_feeds_only_clean_pure_decode_steps_to_the_arms():
     observe(fake, _step(4, 2), [[1, 2]] * 4, 0.2)
     observe(fake, _step(4, 0), [[1]] * 4, 0.1)  # off, steady: 40 tok/s
     assert fake.rates.rate(4, False) == 40.0 and fake.rates.verdict(4) is True
+    # The ledger saw every step, each under its kind, with its prefill tokens.
+    ledger = fake.ledger.table()
+    assert sum(row["steps"] for row in ledger.values()) == 5
+    assert ledger["prefill_verify_draft"] == {"steps": 1, "seconds": 0.5, "generated_tokens": 4,
+                                              "prefill_tokens": 30, "cycle_seconds": 0.0}
+    assert ledger["decode_noverify_draft"]["steps"] == 1  # the off -> on transition
+    assert ledger["decode_verify_nodraft"]["generated_tokens"] == 8  # the on -> off one
+    assert ledger["decode_verify_draft"]["seconds"] == 0.2
+    assert fake._last_kind == "decode_noverify_nodraft"  # its cycle ends at the next schedule()
 
 
 def _fake_scheduler(pool):
