@@ -162,3 +162,24 @@ def test_measurement_overrules_only_an_unsure_prediction():
     fake.rates.observe(16, False, 16, 0.1)
     plan(fake, [], [], 16, 10_000)
     assert fake.draft_len == 0  # measured: undrafted steps produce more tokens per second
+
+
+def test_the_ledger_reaches_prometheus_through_the_snapshot(tmp_path, monkeypatch):
+    """Engine side publishes the ledger in its status; the API server's collector exports
+    cycle seconds and steps per kind."""
+    from dspark_vllm.metrics import METRICS_ENV, DSparkCollector, DSparkStats
+
+    path = tmp_path / "stats.json"
+    monkeypatch.setenv(METRICS_ENV, str(path))
+    ledger = StepLedger()
+    ledger.observe("decode_verify_draft", 0.10, 24, 0)
+    ledger.cycle("decode_verify_draft", 0.12)
+    ledger.observe("prefill_noverify_nodraft", 0.30, 16, 200)
+    DSparkStats(7).maybe_publish(lambda: {"steps_by_kind": ledger.table()}, force=True)
+    families = {f.name: f for f in DSparkCollector(path).collect()}
+    cycle = {s.labels["kind"]: s.value for s in families["dspark_step_cycle_seconds"].samples
+             if s.name.endswith("_total")}
+    assert cycle == {"decode_verify_draft": 0.12, "prefill_noverify_nodraft": 0.0}
+    steps = {s.labels["kind"]: s.value for s in families["dspark_steps"].samples
+             if s.name.endswith("_total")}
+    assert steps == {"decode_verify_draft": 1, "prefill_noverify_nodraft": 1}
