@@ -121,16 +121,17 @@ class StepLedger:
         self.kinds: dict[str, list[float]] = {}
 
     def observe(self, kind: str, seconds: float, tokens: int, prefill_tokens: int) -> None:
-        row = self.kinds.setdefault(kind, [0, 0.0, 0, 0, 0.0])
-        row[0] += 1
-        row[1] += seconds
-        row[2] += tokens
-        row[3] += prefill_tokens
+        self._add(kind, (1, seconds, tokens, prefill_tokens, 0.0))
 
     def cycle(self, kind: str, seconds: float) -> None:
         """The step's whole engine cycle, schedule() to the next schedule(): the model
         step plus what the engine does around it (output processing, draft hand-over)."""
-        self.kinds.setdefault(kind, [0, 0.0, 0, 0, 0.0])[4] += seconds
+        self._add(kind, (0, 0.0, 0, 0, seconds))
+
+    def _add(self, kind: str, values: tuple) -> None:
+        row = self.kinds.setdefault(kind, [0, 0.0, 0, 0, 0.0])
+        for i, v in enumerate(values):
+            row[i] += v
 
     def table(self) -> dict[str, dict[str, float]]:
         return {k: {"steps": r[0], "seconds": round(r[1], 4), "generated_tokens": r[2],
