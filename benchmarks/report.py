@@ -94,6 +94,16 @@ def write_report(out: Path, results: dict) -> None:
             tot = sum(m[f"{ph}_seconds"] for ph in PHASES) or 1.0
             lines.append(f"| {name} | {c} | " + " | ".join(
                 f"{100 * m[f'{ph}_seconds'] / tot:.0f}%" for ph in PHASES) + " |")
+    ledger = [(name, c, p["median"]) for name, r in results.items()
+              for c, p in r["points"].items() if "ledger_overhead_ms" in p["median"]]
+    if ledger:
+        lines += ["", "## Where the engine's time goes (step ledger, warm-up included)", "",
+                  "| config | conc | decode steps: tok per cycle-s | prefill steps' share of "
+                  "engine time | engine time around each model step |", "|---|---|---|---|---|"]
+        for name, c, m in ledger:
+            lines.append(f"| {name} | {c} | {m.get('ledger_decode_tok_s', 0):.1f} | "
+                         f"{100 * m['ledger_prefill_share']:.0f}% | "
+                         f"{m['ledger_overhead_ms']:.1f} ms |")
     mt = matched(results)
     if mt:
         lines += ["", f"## Per-user speed at matched throughput (vs {BASELINE})", "",

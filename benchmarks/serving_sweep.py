@@ -22,6 +22,7 @@ from pathlib import Path
 
 from benchmarks.load import closed_loop, open_loop, summarize
 from benchmarks.report import PHASES
+from dspark_vllm.config import LEDGER_SCHEDULER_CLS
 from dspark_vllm.serving import (BUNDLED_DRAFTER, VllmServer, acceptance_length, metric_sum,
                                  metrics_delta)
 
@@ -55,15 +56,16 @@ def prompt_set(n: int) -> list[list[dict]]:
 def measure_once(server, prompts, conc, reqs, warmup, rep, open_rate=None) -> dict:
     """One repeat of one load point (prompts rotated by the repeat index)."""
     url = server.url
-    before = server.metrics()
+    before, kinds0 = server.metrics(), _kinds(server)
     if open_rate:
         res, window = asyncio.run(open_loop(url, prompts[rep:] + prompts[:rep], open_rate * conc,
                                             reqs, MAX_TOKENS, seed=rep))
     else:
         res, window = asyncio.run(closed_loop(url, prompts[rep:] + prompts[:rep], conc, reqs,
                                               MAX_TOKENS, warmup=warmup))
-    after = server.metrics()
+    after, kinds1 = server.metrics(), _kinds(server)
     s = summarize(res, window)
+    s.update(ledger_summary(kinds0, kinds1))
     d = metrics_delta(before, after)
     drafts = metric_sum(d, "vllm:spec_decode_num_drafts_total")
     s["acceptance_length"] = acceptance_length(d) or 1.0
@@ -81,6 +83,31 @@ def measure_once(server, prompts, conc, reqs, warmup, rep, open_rate=None) -> di
     return s
 
 
+def _kinds(server) -> dict:
+    status = server.status() or {}
+    return (status.get("status") or {}).get("steps_by_kind") or {}
+
+
+def ledger_summary(before: dict, after: dict) -> dict:
+    """The step ledger over one load window (warm-up included; servers with a ledger only):
+    generated tokens per engine-cycle second of pure-decode steps, the share of engine time
+    spent in steps carrying prefill, and the engine's own time around each model step."""
+    rows = {k: {f: v - before.get(k, {}).get(f, 0) for f, v in r.items()} for k, r in after.items()}
+    if not rows:
+        return {}
+    dec = [r for k, r in rows.items() if k.startswith("decode")]
+    cycle = sum(r["cycle_seconds"] for r in rows.values())
+    steps = sum(r["steps"] for r in rows.values())
+    dec_cycle = sum(r["cycle_seconds"] for r in dec)
+    out = {"ledger_prefill_share": sum(r["cycle_seconds"] for k, r in rows.items()
+                                       if k.startswith("prefill")) / cycle if cycle else 0.0,
+           "ledger_overhead_ms": 1e3 * (cycle - sum(r["seconds"] for r in rows.values())) / steps
+           if steps else 0.0}
+    if dec_cycle:
+        out["ledger_decode_tok_s"] = sum(r["generated_tokens"] for r in dec) / dec_cycle
+    return out
+
+
 def aggregate(runs: list[dict], server) -> dict:
     """Medians over repeats, the spread of the headline numbers, and the scheduler status."""
     keys = [k for k, v in runs[0].items() if isinstance(v, (int, float)) and v is not None]
@@ -95,9 +122,12 @@ def aggregate(runs: list[dict], server) -> dict:
 
 
 def _server(target, name, spec, out, args) -> VllmServer:
+    extra = ["--max-num-seqs", str(max(args.concurrency))]
+    if args.ledger and not (spec or {}).get("enable_adaptive_verification"):
+        extra += ["--scheduler-cls", LEDGER_SCHEDULER_CLS]  # the budget's scheduler has one
     return VllmServer(target, spec=spec, log_path=out / f"{name}.log", enforce_eager=args.eager,
                       max_model_len=2048, env={"VLLM_PLUGINS": "dspark"},  # + /dspark/status
-                      args=["--max-num-seqs", str(max(args.concurrency))])
+                      args=extra)
 
 
 def _point(name, c, point) -> None:
@@ -182,6 +212,9 @@ def main(argv=None):
     p.add_argument("--interleave", action="store_true",
                    help="start every server at once and alternate repeats between them, so "
                         "machine drift hits all configurations alike (needs RAM for all)")
+    p.add_argument("--ledger", action="store_true",
+                   help="run the other configurations on the step-ledger scheduler too (plain "
+                        "vLLM scheduling + per-step-kind timing), for the ledger table")
     p.add_argument("--quick", action="store_true", help="two configurations, tiny load (tests)")
     args = p.parse_args(argv)
     if args.quick:

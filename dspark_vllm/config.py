@@ -15,6 +15,7 @@ from .drafter.config import DrafterConfigError, DSparkDrafterConfig
 
 SUPPORTED_VLLM = ((0, 32), (0, 33))  # [min, max) of (major, minor)
 SCHEDULER_CLS = "dspark_vllm.scheduler.DSparkScheduler"
+LEDGER_SCHEDULER_CLS = "dspark_vllm.ledger_scheduler.LedgerScheduler"  # plain + step ledger
 ACTIVE_ENV = "DSPARK_VLLM_ACTIVE"  # set once a dspark config is validated; inherited by
 # the engine and worker processes so the plugin patches only engines that serve DSpark
 

@@ -121,13 +121,19 @@ class DSparkCollector:
         self.path = path
 
     def collect(self):
-        from prometheus_client.core import (CounterMetricFamily, GaugeMetricFamily,
-                                            HistogramMetricFamily)
-
         try:
             s = json.loads(self.path.read_text())
         except (OSError, ValueError):
             return
+        st = s.get("status") or {}
+        if "policy" in st or not st:  # a plain LedgerScheduler has no budget to report
+            yield from self._budget(s)
+        yield from self._ledger(st)
+
+    def _budget(self, s: dict):
+        from prometheus_client.core import (CounterMetricFamily, GaugeMetricFamily,
+                                            HistogramMetricFamily)
+
         for name, key, doc in (
                 ("dspark_draft_tokens_drafted", "drafted", "Draft tokens proposed."),
                 ("dspark_draft_tokens_admitted", "admitted", "Draft tokens admitted for verification."),
@@ -171,6 +177,16 @@ class DSparkCollector:
             yield GaugeMetricFamily("dspark_tracked_requests",
                                     "Requests with budget state in the scheduler (0 when idle).",
                                     value=st["tracked_requests"])
+        cm = st.get("cost_model")
+        if cm:
+            yield GaugeMetricFamily("dspark_cost_model_alpha_seconds", "Fixed step cost.",
+                                    value=cm["alpha_s"])
+            yield GaugeMetricFamily("dspark_cost_model_beta_seconds",
+                                    "Step cost per scheduled token.", value=cm["beta_s_per_token"])
+
+    def _ledger(self, st: dict):
+        from prometheus_client.core import CounterMetricFamily
+
         kinds = st.get("steps_by_kind")
         if kinds:  # where the engine's time went: prefill / verify / draft steps
             cycle = CounterMetricFamily("dspark_step_cycle_seconds",
@@ -181,12 +197,6 @@ class DSparkCollector:
                 steps.add_metric([kind], row["steps"])
             yield cycle
             yield steps
-        cm = st.get("cost_model")
-        if cm:
-            yield GaugeMetricFamily("dspark_cost_model_alpha_seconds", "Fixed step cost.",
-                                    value=cm["alpha_s"])
-            yield GaugeMetricFamily("dspark_cost_model_beta_seconds",
-                                    "Step cost per scheduled token.", value=cm["beta_s_per_token"])
 
 
 _registered = {"done": False}

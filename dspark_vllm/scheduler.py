@@ -16,13 +16,11 @@ import os
 import time
 from collections import deque
 
-from vllm.v1.core.sched.scheduler import Scheduler
-
 from .budget import (AcceptanceEstimator, admit_greedy, admit_top, plan_draft,
                      production_budget, survival)
 from .cost_model import DRAFT_PRIOR, CostModel, profile_key, profile_path
-from .gate import EXPLORE_MARGIN, Explorer, RealisedRates, StepLedger, step_kind
-from .metrics import DSparkStats
+from .gate import EXPLORE_MARGIN, Explorer, RealisedRates
+from .ledger_scheduler import LedgerScheduler
 
 log = logging.getLogger("vllm.dspark.scheduler")
 POLICIES = ("greedy", "production")
@@ -30,7 +28,7 @@ DRAFT_HEADROOM = 1  # draft this many slots beyond the largest budget, so budget
 GATE_POOL = 64  # recent drafted requests whose mean survival curve the draft gate reads
 
 
-class DSparkScheduler(Scheduler):
+class DSparkScheduler(LedgerScheduler):
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         vc = self.vllm_config
@@ -44,18 +42,12 @@ class DSparkScheduler(Scheduler):
         self.cost_model = CostModel.load(profile_path(key))  # the step without drafting
         self.draft_cost = CostModel(prior=DRAFT_PRIOR)  # the draft pass, by drafted slots
         self.estimator = AcceptanceEstimator(self.max_drafts)
-        self.stats = DSparkStats(self.max_drafts)
         self._admitted: dict[str, list[float]] = {}  # req_id -> survivals of verified slots
         self._history: deque[list[list[float]]] = deque(maxlen=3)  # survivals per step
-        self._step_start: float | None = None
-        self._step_tokens = self._step_slots = 0
         self._pending: tuple[int, float, int] | None = None  # last step: tokens, s, slots
         self._pool: deque[list[float]] = deque(maxlen=GATE_POOL)  # recent survivals
         self.rates = RealisedRates()  # measured tokens/s, drafted vs undrafted steps
         self.explorer = Explorer()
-        self.ledger = StepLedger()  # wall time by step kind (prefill / verify / draft)
-        self._last_kind: str | None = None  # the last step's kind, until its cycle ends
-        self._cycle_start = 0.0
         self._prev_slots = 0  # slots the previous step drafted (what this one verifies)
         self.draft_len = self.max_drafts  # slots drafted per request next step
         log.info("DSpark load-aware budget: policy=%s, cost %s (%s)", self.policy,
@@ -143,27 +135,19 @@ class DSparkScheduler(Scheduler):
         self.stats.cost_refits += int(refit)
 
     # ---------------------------------------------------------------- feedback
-    def schedule(self, *args, **kwargs):
-        now = time.perf_counter()
-        if self._last_kind is not None:
-            self.ledger.cycle(self._last_kind, now - self._cycle_start)  # the last step's cycle
-        self._last_kind, self._cycle_start = None, now
-        out = super().schedule(*args, **kwargs)
+    def _shape_step(self, out):
         out.num_spec_tokens_to_schedule = min(out.num_spec_tokens_to_schedule, self.draft_len)
-        self._step_start = time.perf_counter()
-        self._step_tokens = out.total_num_scheduled_tokens
-        self._step_slots = len(out.num_scheduled_tokens) * out.num_spec_tokens_to_schedule
         if out.num_scheduled_tokens and not out.num_spec_tokens_to_schedule:
             self.stats.skipped_drafts += 1
         return out
 
+    def _observe_step(self, scheduler_output, sampled, seconds: float) -> None:
+        self._pending = (self._step_tokens, seconds, self._step_slots)
+        self.stats.verify_seconds += seconds
+        self._observe_rate(scheduler_output, sampled, seconds)
+
     def update_from_output(self, scheduler_output, model_runner_output):
         sampled = model_runner_output.sampled_token_ids
-        if self._step_start is not None and self._step_tokens:
-            seconds = time.perf_counter() - self._step_start
-            self._pending = (self._step_tokens, seconds, self._step_slots)
-            self.stats.verify_seconds += seconds
-            self._observe_rate(scheduler_output, sampled, seconds)
         for req_id, spec in scheduler_output.scheduled_spec_decode_tokens.items():
             idx = model_runner_output.req_id_to_index.get(req_id)
             if not spec or idx is None or not sampled:
@@ -171,22 +155,13 @@ class DSparkScheduler(Scheduler):
             accepted = max(len(sampled[idx]) - 1, 0)
             self.estimator.update(len(spec), accepted)
             self.stats.record_outcome(self._admitted.pop(req_id, []), accepted)
-        out = super().update_from_output(scheduler_output, model_runner_output)
-        self.stats.maybe_publish(self._status)
-        return out
+        return super().update_from_output(scheduler_output, model_runner_output)  # + the ledger
 
     def _observe_rate(self, scheduler_output, sampled, seconds: float) -> None:
         """Feed every step to the ledger, and a pure-decode step to the gate's arms: drafted
         if it verified drafts and drafted again, undrafted if neither (between: transitions)."""
         drafted, prev, self._prev_slots = self._step_slots > 0, self._prev_slots > 0, self._step_slots
-        specs = scheduler_output.scheduled_spec_decode_tokens
-        prefill = sum(n for r, n in scheduler_output.num_scheduled_tokens.items()
-                      if n != 1 + len(specs.get(r, ())))  # tokens of prefill chunks
-        spec = sum(len(v) for v in specs.values())
-        tokens = sum(len(t) for t in sampled or ())
-        kind = step_kind(prefill > 0, spec > 0, drafted)
-        self.ledger.observe(kind, seconds, tokens, prefill)
-        self._last_kind = kind if self.running else None  # idle time is no step's cycle
+        prefill, tokens = self._file_step(scheduler_output, sampled, seconds, drafted)
         if drafted != prev or prefill:
             return  # a transition, or prefill tokens in the step
         self.rates.observe(len(scheduler_output.num_scheduled_tokens), drafted, tokens, seconds)
@@ -196,7 +171,7 @@ class DSparkScheduler(Scheduler):
         return super()._free_request(request, *args, **kwargs)
 
     def _status(self) -> dict:
-        return {"policy": self.policy, "cost_model": {
+        return {**super()._status(), "policy": self.policy, "cost_model": {
                     "alpha_s": self.cost_model.cost.alpha, "beta_s_per_token": self.cost_model.cost.beta,
                     "refits": self.cost_model.refits, "profiled_points": len(self.cost_model.profile),
                     "step_seconds_by_tokens": self.cost_model.table()},
@@ -205,6 +180,5 @@ class DSparkScheduler(Scheduler):
                 "draft_len": self.draft_len,
                 "gate": {"tokens_per_second_by_batch": self.rates.table(),
                          "exploration_bursts": self.explorer.bursts},
-                "steps_by_kind": self.ledger.table(),
                 "fallback_acceptance": self.estimator.rates(self.max_drafts),
-                "running": len(self.running), "tracked_requests": len(self._admitted)}
+                "tracked_requests": len(self._admitted)}

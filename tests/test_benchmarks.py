@@ -23,6 +23,24 @@ def test_matched_throughput_interpolates_the_frontier():
     assert ratios[0] is None and ratios[1] == pytest.approx((16 - 2 * 2 / 12) / 9)
 
 
+def test_ledger_summary_prices_one_window():
+    from benchmarks.serving_sweep import ledger_summary
+
+    row = dict(steps=0, seconds=0.0, generated_tokens=0, prefill_tokens=0, cycle_seconds=0.0)
+    before = {"decode_noverify_nodraft": {**row, "steps": 5, "seconds": 0.4,
+                                          "generated_tokens": 40, "cycle_seconds": 0.5}}
+    after = {"decode_noverify_nodraft": {**row, "steps": 15, "seconds": 1.3,
+                                         "generated_tokens": 140, "cycle_seconds": 1.5},
+             "prefill_noverify_nodraft": {**row, "steps": 2, "seconds": 0.9,
+                                          "generated_tokens": 4, "prefill_tokens": 300,
+                                          "cycle_seconds": 1.0}}
+    s = ledger_summary(before, after)  # the window: 10 decode steps, 2 prefill steps
+    assert s["ledger_decode_tok_s"] == pytest.approx(100 / 1.0)
+    assert s["ledger_prefill_share"] == pytest.approx(1.0 / 2.0)
+    assert s["ledger_overhead_ms"] == pytest.approx(1e3 * (2.0 - 1.8) / 12)
+    assert ledger_summary({}, {}) == {}
+
+
 def test_offline_acceptance_quick(tmp_path):
     from benchmarks.offline_acceptance import main
 
@@ -41,8 +59,9 @@ def test_serving_sweep_quick(tmp_path, interleave):
     from tests.engine_utils import drafter_for_tests
 
     drafter = drafter_for_tests(tmp_path)
+    # The interleaved run also puts plain decoding on the step-ledger scheduler (--ledger).
     main(["--quick", "--drafter", str(drafter), "--out", str(tmp_path / "sweep")]
-         + ["--interleave"] * interleave)
+         + ["--interleave", "--ledger"] * interleave)
     r = json.loads((tmp_path / "sweep" / "sweep.json").read_text())["results"]
     assert set(r) == {"no-spec", "dspark-adaptive"}
     for name in r:
@@ -50,5 +69,11 @@ def test_serving_sweep_quick(tmp_path, interleave):
         assert r[name]["points"]["1"]["median"]["throughput_tok_s"] > 0
     # The budget's server exposes its status (cost lines, gate arms); plain decoding has none.
     assert "gate" in r["dspark-adaptive"]["points"]["2"]["scheduler_status"]
-    assert "scheduler_status" not in r["no-spec"]["points"]["2"]
+    plain = r["no-spec"]["points"]["2"]
+    if interleave:  # the ledger, without a budget
+        assert "gate" not in plain["scheduler_status"]
+        assert plain["median"]["ledger_decode_tok_s"] > 0
+        assert "step ledger" in (tmp_path / "sweep" / "sweep.md").read_text()
+    else:
+        assert "scheduler_status" not in plain
     assert (tmp_path / "sweep" / "frontier.png").stat().st_size > 0

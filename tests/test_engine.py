@@ -14,6 +14,7 @@ import urllib.request
 import pytest
 from scipy.stats import chi2_contingency
 
+from dspark_vllm.config import LEDGER_SCHEDULER_CLS
 from dspark_vllm.serving import VllmServer, acceptance_length, metric_sum, metrics_delta
 from dspark_vllm.target import prepare_target
 from tests.engine_utils import chat_all, drafter_for_tests, prompt_mix
@@ -159,10 +160,22 @@ def test_mtp1_baseline_serves_through_the_same_engine(target, prompts, reference
     head = save_eagle(EagleHead(t.config, t.get_input_embeddings().weight), tmp_path / "mtp1")
     lengths, want = reference
     spec = {"method": "eagle", "model": str(head), "num_speculative_tokens": 1}
-    with VllmServer(target, spec=spec, max_model_len=MAX_LEN, log_path=tmp_path / "mtp1.log") as s:
+    # With the plain step-ledger scheduler: scheduling unchanged (outputs stay exact), every
+    # step filed by kind in /dspark/status and on /metrics, no budget series.
+    with VllmServer(target, spec=spec, max_model_len=MAX_LEN, log_path=tmp_path / "mtp1.log",
+                    args=["--scheduler-cls", LEDGER_SCHEDULER_CLS],
+                    env={"VLLM_PLUGINS": "dspark"}) as s:
         got = chat_all(s.url, prompts[:8], lengths[:8])
-        assert metric_sum(s.metrics(), "vllm:spec_decode_num_drafts_total") > 0
+        metrics = s.metrics()
+        assert metric_sum(metrics, "vllm:spec_decode_num_drafts_total") > 0
+        kinds = _status(s)["status"]["steps_by_kind"]
+        with urllib.request.urlopen(s.url + "/metrics") as r:
+            text = r.read().decode()
     assert got == want[:8]
+    assert kinds["prefill_noverify_draft"]["prefill_tokens"] > 0, kinds
+    assert kinds["decode_verify_draft"]["generated_tokens"] > kinds["decode_verify_draft"]["steps"]
+    assert 'dspark_steps_total{kind="decode_verify_draft"}' in text
+    assert "dspark_verify_budget_tokens" not in text
 
 
 def test_steps_without_drafting_keep_outputs_exact(target, drafter, servers, tmp_path):
@@ -277,9 +290,13 @@ def test_budget_keeps_the_temperature_one_distribution_under_varying_load(adapti
     _same_distribution(plain_samples, got, alpha=1e-3)
 
 
+def _status(server) -> dict:
+    with urllib.request.urlopen(server.url + "/dspark/status") as r:
+        return json.loads(r.read())
+
+
 def test_status_view_and_metrics(adaptive):
-    with urllib.request.urlopen(adaptive.url + "/dspark/status") as r:
-        status = json.loads(r.read())
+    status = _status(adaptive)
     assert status["status"]["policy"] in ("greedy", "production")
     assert "step_seconds_by_tokens" in status["status"]["cost_model"]
     assert len(status["calibration_error"]) == 7

@@ -100,10 +100,12 @@ def _step(batch: int, spec_per_req: int, prefill: int = 0):
 def test_scheduler_feeds_only_clean_pure_decode_steps_to_the_arms():
     from types import SimpleNamespace
 
+    from dspark_vllm.ledger_scheduler import LedgerScheduler
     from dspark_vllm.scheduler import DSparkScheduler
 
     fake = SimpleNamespace(rates=RealisedRates(min_samples=1), ledger=StepLedger(),
                            _prev_slots=0, _step_slots=0, running=[object()])
+    fake._file_step = lambda *a: LedgerScheduler._file_step(fake, *a)
     observe = DSparkScheduler._observe_rate
     fake._step_slots = 8  # off -> on: verifies nothing, drafts: a transition
     observe(fake, _step(4, 0), [[1]] * 4, 0.1)
@@ -183,3 +185,10 @@ def test_the_ledger_reaches_prometheus_through_the_snapshot(tmp_path, monkeypatc
     steps = {s.labels["kind"]: s.value for s in families["dspark_steps"].samples
              if s.name.endswith("_total")}
     assert steps == {"decode_verify_draft": 1, "prefill_noverify_nodraft": 1}
+    # A plain LedgerScheduler's snapshot (no budget policy) exports the ledger only; the
+    # DSpark scheduler's (it names its policy) exports the budget's series too.
+    assert "dspark_verify_budget_tokens" not in families
+    DSparkStats(7).maybe_publish(lambda: {"policy": "greedy", "steps_by_kind": ledger.table()},
+                                 force=True)
+    families = {f.name: f for f in DSparkCollector(path).collect()}
+    assert {"dspark_verify_budget_tokens", "dspark_steps"} <= set(families)

@@ -4,7 +4,9 @@ Why: vLLM 0.32 implements DSpark (and adaptive verification) only in its V2 GPU 
 lists both as unsupported on V1, so `vllm serve --speculative-config '{"method": "dspark"}'`
 fails on CPUs. This plugin implements both on V1; the wrapper drops exactly those two
 entries when the method is dspark, after validating the DSpark setup (clear errors at
-start-up) and selecting the DSpark scheduler unless the user chose one.
+start-up) and selecting the DSpark scheduler unless the user chose one. It is also the one
+hook vLLM runs on every config in the API server before the engine starts, so a server that
+names the plain LedgerScheduler gets the /metrics collector for its step ledger here.
 Removed by: upstream V1 support for method "dspark" (or a plugin hook for speculative
 methods on the V1 runner).
 """
@@ -32,6 +34,10 @@ def apply(version_ok: bool, version: str) -> None:
         unsupported = orig(self)
         sc = self.speculative_config
         if sc is None or sc.method != "dspark":
+            if _names_ledger(self.scheduler_config.scheduler_cls):
+                from ..metrics import register_collector
+
+                register_collector()  # before the engine starts: it inherits the snapshot path
             return unsupported
         from ..config import SCHEDULER_CLS, DSparkServeConfig, supported_range
 
@@ -53,3 +59,12 @@ def apply(version_ok: bool, version: str) -> None:
 
     VllmConfig._get_v1_model_runner_unsupported_features = mark(
         _get_v1_model_runner_unsupported_features, "v1_gate")
+
+
+def _names_ledger(cls) -> bool:
+    """Whether --scheduler-cls is the step-ledger scheduler (a dotted path or the class)."""
+    from ..config import LEDGER_SCHEDULER_CLS
+
+    if not isinstance(cls, str):
+        cls = f"{getattr(cls, '__module__', '')}.{getattr(cls, '__qualname__', '')}"
+    return cls == LEDGER_SCHEDULER_CLS

@@ -1,0 +1,77 @@
+"""LedgerScheduler: vLLM's V1 Scheduler plus the step ledger (gate.StepLedger).
+
+The base of DSparkScheduler, and on its own the same measurement for any other server:
+
+    vllm serve MODEL --scheduler-cls dspark_vllm.ledger_scheduler.LedgerScheduler
+
+files every step of plain decoding (or of MTP-1, or of a fixed draft length) under its
+kind, with the model step's seconds and the whole engine cycle, in `/dspark/status`
+(`steps_by_kind`) and on `/metrics` (`dspark_steps_total`, `dspark_step_cycle_seconds_total`),
+so a plain server's step costs can be read beside a DSpark one's. Scheduling is untouched.
+"""
+
+from __future__ import annotations
+
+import time
+
+from vllm.v1.core.sched.scheduler import Scheduler
+
+from .gate import StepLedger, step_kind
+from .metrics import DSparkStats
+
+
+class LedgerScheduler(Scheduler):
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        sc = self.vllm_config.speculative_config
+        self.stats = DSparkStats(sc.num_speculative_tokens if sc else 0)
+        self.ledger = StepLedger()  # wall time by step kind (prefill / verify / draft)
+        self._last_kind: str | None = None  # the last step's kind, until its cycle ends
+        self._cycle_start = 0.0
+        self._step_start: float | None = None
+        self._step_tokens = self._step_slots = 0  # this step: scheduled tokens, draft slots
+
+    def schedule(self, *args, **kwargs):
+        now = time.perf_counter()
+        if self._last_kind is not None:
+            self.ledger.cycle(self._last_kind, now - self._cycle_start)  # the last step's cycle
+        self._last_kind, self._cycle_start = None, now
+        out = self._shape_step(super().schedule(*args, **kwargs))
+        self._step_start = time.perf_counter()
+        self._step_tokens = out.total_num_scheduled_tokens
+        self._step_slots = len(out.num_scheduled_tokens) * out.num_spec_tokens_to_schedule
+        return out
+
+    def _shape_step(self, out):
+        """Hook on the step vLLM scheduled, before it runs (DSparkScheduler sets its draft
+        length here)."""
+        return out
+
+    def update_from_output(self, scheduler_output, model_runner_output):
+        if self._step_start is not None and self._step_tokens:
+            self._observe_step(scheduler_output, model_runner_output.sampled_token_ids,
+                               time.perf_counter() - self._step_start)
+        out = super().update_from_output(scheduler_output, model_runner_output)
+        # Publish at most every PUBLISH_INTERVAL, and always when the engine falls idle, so
+        # a client reading the status between two loads sees every step of the first.
+        self.stats.maybe_publish(self._status, force=not self.get_num_unfinished_requests())
+        return out
+
+    def _observe_step(self, scheduler_output, sampled, seconds: float) -> None:
+        self._file_step(scheduler_output, sampled, seconds, self._step_slots > 0)
+
+    def _file_step(self, scheduler_output, sampled, seconds: float,
+                   drafted: bool) -> tuple[int, int]:
+        """File one finished step in the ledger -> (its prefill tokens, generated tokens)."""
+        specs = scheduler_output.scheduled_spec_decode_tokens
+        prefill = sum(n for r, n in scheduler_output.num_scheduled_tokens.items()
+                      if n != 1 + len(specs.get(r, ())))  # tokens of prefill chunks
+        verified = any(len(v) for v in specs.values())
+        tokens = sum(len(t) for t in sampled or ())
+        kind = step_kind(prefill > 0, verified, drafted)
+        self.ledger.observe(kind, seconds, tokens, prefill)
+        self._last_kind = kind if self.running else None  # idle time is no step's cycle
+        return prefill, tokens
+
+    def _status(self) -> dict:
+        return {"steps_by_kind": self.ledger.table(), "running": len(self.running)}
