@@ -123,6 +123,13 @@ def aggregate(runs: list[dict], server) -> dict:
 
 def _server(target, name, spec, out, args) -> VllmServer:
     extra = ["--max-num-seqs", str(max(args.concurrency))]
+    if not args.prefix_caching:
+        # The sweep replays a small prompt set, so with prefix caching plain decoding would
+        # prefill most prompts from cache, while vLLM's speculative servers (EAGLE's and
+        # DSpark's alike) drop the last cached block for the drafter and, with the CPU's
+        # 128-token blocks, miss on nearly every prompt here: a replay artifact, not a
+        # property of decoding. Off for every server unless --prefix-caching.
+        extra += ["--no-enable-prefix-caching"]
     if args.ledger and not (spec or {}).get("enable_adaptive_verification"):
         extra += ["--scheduler-cls", LEDGER_SCHEDULER_CLS]  # the budget's scheduler has one
     return VllmServer(target, spec=spec, log_path=out / f"{name}.log", enforce_eager=args.eager,
@@ -215,6 +222,9 @@ def main(argv=None):
     p.add_argument("--ledger", action="store_true",
                    help="run the other configurations on the step-ledger scheduler too (plain "
                         "vLLM scheduling + per-step-kind timing), for the ledger table")
+    p.add_argument("--prefix-caching", action="store_true",
+                   help="keep vLLM's prefix caching on (off by default: the sweep replays its "
+                        "prompts, see _server)")
     p.add_argument("--quick", action="store_true", help="two configurations, tiny load (tests)")
     args = p.parse_args(argv)
     if args.quick:
