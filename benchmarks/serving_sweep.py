@@ -130,6 +130,8 @@ def _server(target, name, spec, out, args) -> VllmServer:
         # 128-token blocks, miss on nearly every prompt here: a replay artifact, not a
         # property of decoding. Off for every server unless --prefix-caching.
         extra += ["--no-enable-prefix-caching"]
+    if args.executor:
+        extra += ["--distributed-executor-backend", args.executor]
     if args.ledger and not (spec or {}).get("enable_adaptive_verification"):
         extra += ["--scheduler-cls", LEDGER_SCHEDULER_CLS]  # the budget's scheduler has one
     return VllmServer(target, spec=spec, log_path=out / f"{name}.log", enforce_eager=args.eager,
@@ -222,6 +224,9 @@ def main(argv=None):
     p.add_argument("--ledger", action="store_true",
                    help="run the other configurations on the step-ledger scheduler too (plain "
                         "vLLM scheduling + per-step-kind timing), for the ledger table")
+    p.add_argument("--executor", choices=("mp", "uni"), default=None,
+                   help="vLLM's --distributed-executor-backend for every server (default: "
+                        "vLLM's choice, a separate worker process)")
     p.add_argument("--prefix-caching", action="store_true",
                    help="keep vLLM's prefix caching on (off by default: the sweep replays its "
                         "prompts, see _server)")
