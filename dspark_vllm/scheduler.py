@@ -1,6 +1,7 @@
 """DSparkScheduler: vLLM's V1 Scheduler plus the load-aware verification budget.
 
-Only the difference from Scheduler lives here: after each step the drafts of every request
+Only the difference from LedgerScheduler (vLLM's Scheduler plus the step ledger) lives
+here: after each step the drafts of every request
 are trimmed to the budget the policy grants (budget.py) before they are scheduled for
 verification, and the next step's draft length is set: the largest budget plus headroom,
 or no draft pass at all (context K/V only) when drafting does not pay at this load;
