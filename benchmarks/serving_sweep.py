@@ -124,11 +124,11 @@ def aggregate(runs: list[dict], server) -> dict:
 def _server(target, name, spec, out, args) -> VllmServer:
     extra = ["--max-num-seqs", str(max(args.concurrency))]
     if not args.prefix_caching:
-        # The sweep replays a small prompt set, so with prefix caching plain decoding would
-        # prefill most prompts from cache, while vLLM's speculative servers (EAGLE's and
-        # DSpark's alike) drop the last cached block for the drafter and, with the CPU's
-        # 128-token blocks, miss on nearly every prompt here: a replay artifact, not a
-        # property of decoding. Off for every server unless --prefix-caching.
+        # The sweep replays a small prompt set, so with prefix caching most prompts would be
+        # prefilled from cache, and unevenly: vLLM's EAGLE servers (MTP-1) drop the last
+        # cached block for the drafter and, with the CPU's 128-token blocks, miss on nearly
+        # every prompt here (DSpark keeps it). A replay artifact, not a property of
+        # decoding: off for every server unless --prefix-caching.
         extra += ["--no-enable-prefix-caching"]
     if args.executor:
         extra += ["--distributed-executor-backend", args.executor]

@@ -41,6 +41,7 @@ def test_valid_setup_builds_and_selects_the_scheduler(target, good):
                          "enable_adaptive_verification": True})
     assert vc.speculative_config.method == "dspark"
     assert vc.scheduler_config.scheduler_cls == "dspark_vllm.scheduler.DSparkScheduler"
+    assert not vc.speculative_config.use_eagle_block_drop()  # prefix hits keep their last block
 
 
 def test_too_many_speculative_tokens(target, good):

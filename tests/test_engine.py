@@ -217,6 +217,24 @@ def test_engine_acceptance_agrees_with_the_offline_evaluator(servers, drafter):
     assert abs(engine_tau - ref["tau"]) <= 0.10 * ref["tau"], (engine_tau, ref["tau"])
 
 
+def test_prefix_cache_hits_keep_outputs_exact(servers):
+    """DSpark keeps the trailing cached block (vLLM drops it for EAGLE-like drafters): a
+    resent prompt is prefilled from cache, and its output is unchanged."""
+    from dspark_vllm.datasets import humaneval
+
+    plain, spec = servers
+    prompt = [humaneval()[3]["messages"]]  # ~160 prompt tokens: one full 128-token block
+    runs = []
+    for _ in range(2):
+        before = spec.metrics()
+        out = chat_all(spec.url, prompt, 48)
+        d = metrics_delta(before, spec.metrics())
+        runs.append((out, metric_sum(d, "vllm:prefix_cache_hits_total")))
+    (first, _), (second, hits) = runs
+    assert hits >= 128, hits  # with the block dropped: 0 (the prompt holds one full block)
+    assert second == first == chat_all(plain.url, prompt, 48)
+
+
 def test_metrics_show_drafter_acceptance(servers):
     with urllib.request.urlopen(servers[1].url + "/metrics") as r:
         text = r.read().decode()
