@@ -16,6 +16,7 @@ from .drafter.config import DrafterConfigError, DSparkDrafterConfig
 SUPPORTED_VLLM = ((0, 32), (0, 33))  # [min, max) of (major, minor)
 SCHEDULER_CLS = "dspark_vllm.scheduler.DSparkScheduler"
 LEDGER_SCHEDULER_CLS = "dspark_vllm.ledger_scheduler.LedgerScheduler"  # plain + step ledger
+BLOCK_DROP_ENV = "DSPARK_EAGLE_BLOCK_DROP"  # "1": vLLM's EAGLE prefix-cache block drop
 ACTIVE_ENV = "DSPARK_VLLM_ACTIVE"  # set once a dspark config is validated; inherited by
 # the engine and worker processes so the plugin patches only engines that serve DSpark
 
@@ -46,6 +47,8 @@ class DSparkServeConfig:
     """Load-aware verification budget (upstream's `enable_adaptive_verification`)."""
     probabilistic: bool
     """Drafts sampled from the draft distribution, verified with its probabilities."""
+    keep_cached_block: bool = True
+    """Keep the last cached prompt block vLLM drops for EAGLE-like drafters (BLOCK_DROP_ENV)."""
 
     @classmethod
     def from_vllm_config(cls, vc) -> DSparkServeConfig:
@@ -87,8 +90,14 @@ class DSparkServeConfig:
             raise DSparkConfigError(
                 f"{where} enable_adaptive_verification=true needs synchronous scheduling "
                 "(the budget reads each step's confidences); add --no-async-scheduling")
+        drop = os.environ.get(BLOCK_DROP_ENV, "0")
+        if drop not in ("0", "1"):
+            raise DSparkConfigError(
+                f"{BLOCK_DROP_ENV}={drop!r}: use 1 (drop the last cached prompt block, vLLM's "
+                "EAGLE behaviour) or 0 / unset (keep it, DSpark's default)")
         return cls(drafter_dir=path, drafter=dcfg, num_speculative_tokens=k, adaptive=adaptive,
-                   probabilistic=sc.draft_sample_method == "probabilistic")
+                   probabilistic=sc.draft_sample_method == "probabilistic",
+                   keep_cached_block=drop == "0")
 
     def activate(self) -> None:
         os.environ[ACTIVE_ENV] = "1"

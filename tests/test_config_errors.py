@@ -44,6 +44,28 @@ def test_valid_setup_builds_and_selects_the_scheduler(target, good):
     assert not vc.speculative_config.use_eagle_block_drop()  # prefix hits keep their last block
 
 
+def test_block_drop_switch_is_validated(target, good, monkeypatch):
+    spec = {"method": "dspark", "model": good, "num_speculative_tokens": 4}
+    monkeypatch.setenv("DSPARK_EAGLE_BLOCK_DROP", "1")  # vLLM's EAGLE behaviour back
+    assert _build(target, spec).speculative_config.use_eagle_block_drop()
+    monkeypatch.setenv("DSPARK_EAGLE_BLOCK_DROP", "yes")
+    _refused(target, spec, "DSPARK_EAGLE_BLOCK_DROP='yes': use 1")
+
+
+def test_the_collector_follows_schedulers_that_keep_the_ledger():
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    from dspark_vllm.ledger_scheduler import LedgerScheduler
+    from dspark_vllm.patches.v1_gate import _keeps_ledger
+    from dspark_vllm.scheduler import DSparkScheduler
+
+    assert _keeps_ledger("dspark_vllm.ledger_scheduler.LedgerScheduler")
+    assert _keeps_ledger("dspark_vllm.scheduler.DSparkScheduler")
+    assert _keeps_ledger(LedgerScheduler) and _keeps_ledger(DSparkScheduler)
+    assert not _keeps_ledger(None) and not _keeps_ledger(Scheduler)
+    assert not _keeps_ledger("vllm.v1.core.sched.scheduler.Scheduler")
+
+
 def test_too_many_speculative_tokens(target, good):
     _refused(target, {"method": "dspark", "model": good, "num_speculative_tokens": 9},
              "num_speculative_tokens=9: the drafter was trained with block_size=7; use 1..7")

@@ -7,8 +7,9 @@ entries when the method is dspark, after validating the DSpark setup (clear erro
 start-up), selecting the DSpark scheduler unless the user chose one, and keeping the last
 cached prompt block that vLLM drops for EAGLE-like drafters (DSpark's drafter does not
 need it recomputed; upstream excluding "dspark" from that drop removes this). It is also the one
-hook vLLM runs on every config in the API server before the engine starts, so a server that
-names the plain LedgerScheduler gets the /metrics collector for its step ledger here.
+hook vLLM runs on every config in the API server before the engine starts, so every server
+whose scheduler keeps the step ledger (DSpark's, or the plain LedgerScheduler under any
+speculative method or none) gets the /metrics collector here.
 Removed by: upstream V1 support for method "dspark" (or a plugin hook for speculative
 methods on the V1 runner).
 """
@@ -17,13 +18,11 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
 
 from . import is_patched, mark
 
 log = logging.getLogger("vllm.dspark.plugin")
 REFUSED = ("dspark speculative decoding", "adaptive draft verification")
-BLOCK_DROP_ENV = "DSPARK_EAGLE_BLOCK_DROP"
 
 
 def apply(version_ok: bool, version: str) -> None:
@@ -37,45 +36,48 @@ def apply(version_ok: bool, version: str) -> None:
     def _get_v1_model_runner_unsupported_features(self):
         unsupported = orig(self)
         sc = self.speculative_config
-        if sc is None or sc.method != "dspark":
-            if _names_ledger(self.scheduler_config.scheduler_cls):
-                from ..metrics import register_collector
+        if sc is not None and sc.method == "dspark":
+            unsupported = _admit_dspark(self, unsupported, version_ok, version)
+        if _keeps_ledger(self.scheduler_config.scheduler_cls):
+            from ..metrics import register_collector
 
-                register_collector()  # before the engine starts: it inherits the snapshot path
-            return unsupported
-        from ..config import SCHEDULER_CLS, DSparkServeConfig, supported_range
-
-        if not version_ok:
-            raise ValueError(f"dspark-vllm supports vllm{supported_range()}; this is vllm "
-                             f"{version}. Install a supported vLLM or upgrade dspark-vllm.")
-        serve = DSparkServeConfig.from_vllm_config(self)
-        if serve.adaptive and self.scheduler_config.scheduler_cls is None:
-            self.scheduler_config.scheduler_cls = SCHEDULER_CLS
-        # Prefix caching: vLLM drops the last cached block for EAGLE-like methods, whose
-        # drafter reads the hidden state of the token before the first new one. DSpark's
-        # drafter reads only its own context K/V, cached with the block, so the block is
-        # kept: with CPU's 128-token blocks dropping it loses most prompts' hits.
-        # DSPARK_EAGLE_BLOCK_DROP=1 restores vLLM's behaviour (benchmarks/prefix_cache.py).
-        if os.environ.get(BLOCK_DROP_ENV) != "1":
-            sc.disable_eagle_block_drop = True
-        serve.activate()
-        from .. import plugin
-        from ..metrics import register_collector
-
-        if serve.adaptive:
             register_collector()  # before the engine starts: it inherits the snapshot path
-
-        plugin.install_engine_patches()  # this process may host the engine (in-process mode)
-        return [u for u in unsupported if u not in REFUSED]
+        return unsupported
 
     VllmConfig._get_v1_model_runner_unsupported_features = mark(
         _get_v1_model_runner_unsupported_features, "v1_gate")
 
 
-def _names_ledger(cls) -> bool:
-    """Whether --scheduler-cls is the step-ledger scheduler (a dotted path or the class)."""
-    from ..config import LEDGER_SCHEDULER_CLS
+def _admit_dspark(vc, unsupported: list[str], version_ok: bool, version: str) -> list[str]:
+    """Validate a DSpark setup (clear errors at start-up), pick its scheduler, keep the last
+    cached block, mark the environment; -> vLLM's list without the two DSpark refusals."""
+    from .. import plugin
+    from ..config import SCHEDULER_CLS, DSparkServeConfig, supported_range
 
-    if not isinstance(cls, str):
-        cls = f"{getattr(cls, '__module__', '')}.{getattr(cls, '__qualname__', '')}"
-    return cls == LEDGER_SCHEDULER_CLS
+    if not version_ok:
+        raise ValueError(f"dspark-vllm supports vllm{supported_range()}; this is vllm "
+                         f"{version}. Install a supported vLLM or upgrade dspark-vllm.")
+    serve = DSparkServeConfig.from_vllm_config(vc)
+    if serve.adaptive and vc.scheduler_config.scheduler_cls is None:
+        vc.scheduler_config.scheduler_cls = SCHEDULER_CLS
+    # Prefix caching: vLLM drops the last cached block for EAGLE-like methods, whose drafter
+    # reads the hidden state of the token before the first new one. DSpark's drafter reads
+    # only its own context K/V, cached with the block, so the block is kept: with CPU's
+    # 128-token blocks dropping it loses most prompts' hits (benchmarks/prefix_cache.py).
+    if serve.keep_cached_block:
+        vc.speculative_config.disable_eagle_block_drop = True
+    serve.activate()
+    plugin.install_engine_patches()  # this process may host the engine (in-process mode)
+    return [u for u in unsupported if u not in REFUSED]
+
+
+def _keeps_ledger(cls) -> bool:
+    """Whether the server's scheduler (a dotted path or the class) publishes the DSpark
+    snapshot: the DSpark scheduler or the plain step-ledger scheduler."""
+    from ..config import LEDGER_SCHEDULER_CLS, SCHEDULER_CLS
+
+    if isinstance(cls, str):
+        return cls in (SCHEDULER_CLS, LEDGER_SCHEDULER_CLS)
+    from ..ledger_scheduler import LedgerScheduler
+
+    return isinstance(cls, type) and issubclass(cls, LedgerScheduler)
