@@ -59,20 +59,31 @@ def _install() -> None:
         _time(DSparkProposer, n, f"proposer.{n}")
 
 
+def in_process_llm(spec: dict | None, **kw):
+    """One `vllm.LLM` on the bundled target, engine core and worker in this process (no RPC
+    between them), float32, eager. vLLM reads these variables when the engine starts."""
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
+    os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
+    from vllm import LLM
+
+    from dspark_vllm.target import prepare_target
+
+    return LLM(model=str(prepare_target()), dtype="float32", max_model_len=1024, seed=0,
+               enforce_eager=True, speculative_config=spec, distributed_executor_backend="uni",
+               **kw)
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("mode", choices=("plain", "k0", "adaptive"))
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--max-tokens", type=int, default=96)
     args = p.parse_args(argv)
-    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine core in-process
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
-    os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
-    from vllm import LLM, SamplingParams
+    from vllm import SamplingParams
 
     from dspark_vllm.datasets import encode_chat, gsm8k_heldout, humaneval
     from dspark_vllm.serving import BUNDLED_DRAFTER
-    from dspark_vllm.target import prepare_target
 
     _install()
     spec = None
@@ -82,9 +93,7 @@ def main(argv=None) -> None:
             spec["num_speculative_tokens_per_batch_size"] = [[1, 1024, 0]]
         else:
             spec["enable_adaptive_verification"] = True
-    llm = LLM(model=str(prepare_target()), dtype="float32", max_model_len=1024, seed=0,
-              enforce_eager=True, speculative_config=spec, distributed_executor_backend="uni",
-              max_num_seqs=16, enable_prefix_caching=False)
+    llm = in_process_llm(spec, max_num_seqs=16, enable_prefix_caching=False)
     tok = llm.get_tokenizer()
     chats = [p["messages"] for p in gsm8k_heldout()[:8]] + [p["messages"] for p in humaneval()[:8]]
     prompts = [{"prompt_token_ids": encode_chat(tok, m)} for m in chats]

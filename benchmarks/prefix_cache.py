@@ -22,19 +22,14 @@ COUNTERS = ("vllm:prefix_cache_queries", "vllm:prefix_cache_hits", "vllm:spec_de
 
 
 def measure(max_tokens: int) -> list[dict]:
-    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
-    os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
-    from vllm import LLM, SamplingParams
+    from vllm import SamplingParams
 
+    from benchmarks.engine_profile import in_process_llm
     from dspark_vllm.datasets import encode_chat, humaneval, load_eval_set
     from dspark_vllm.serving import BUNDLED_DRAFTER
-    from dspark_vllm.target import prepare_target
 
     spec = {"method": "dspark", "model": str(BUNDLED_DRAFTER), "num_speculative_tokens": 5}
-    llm = LLM(model=str(prepare_target()), dtype="float32", max_model_len=1024, seed=0,
-              enforce_eager=True, speculative_config=spec, distributed_executor_backend="uni",
-              max_num_seqs=8, disable_log_stats=False)
+    llm = in_process_llm(spec, max_num_seqs=8, disable_log_stats=False)
     tok = llm.get_tokenizer()
     chats = [p["messages"] for p in humaneval()[:6]] + \
         [p["messages"] for p in load_eval_set("spec_bench", per_category=1)[:10]]
