@@ -20,7 +20,7 @@ from collections import deque
 from .budget import (AcceptanceEstimator, admit_greedy, admit_top, plan_draft,
                      production_budget, survival)
 from .cost_model import DRAFT_PRIOR, CostModel, profile_key, profile_path
-from .gate import EXPLORE_MARGIN, Explorer, RealisedRates
+from .gate import EXPLORE_MARGIN, MEASURED_SURE, Explorer, RealisedRates
 from .ledger_scheduler import LedgerScheduler
 
 log = logging.getLogger("vllm.dspark.scheduler")
@@ -107,8 +107,8 @@ class DSparkScheduler(LedgerScheduler):
         """The next step's draft length: whether to draft at all is the measured verdict
         (gate.RealisedRates) where the predicted gain (budget.plan_draft) is unsure and both
         arms are measured at this load, else the prediction; gate.Explorer spends short
-        bursts on the other arm where the prediction is unsure. Decided from finished
-        steps only, before the next drafts exist."""
+        bursts on the other arm where neither the prediction nor the arms are sure.
+        Decided from finished steps only, before the next drafts exist."""
         self._pool.extend(surv)
         if not num_running:
             return
@@ -120,7 +120,10 @@ class DSparkScheduler(LedgerScheduler):
         # switch drafting off for a quiet engine where it clearly pays.
         measured = self.rates.verdict(num_running) if gain < EXPLORE_MARGIN else None
         on = measured if measured is not None else gain > 1.0
-        on = self.explorer.decide(on, gain)
+        # A clear measured win is not re-checked either: each burst at one request costs
+        # half its steps' tokens. (Scaled so MEASURED_SURE meets the explorer's margin.)
+        measured_gain = (self.rates.gain(num_running) or 0.0) * EXPLORE_MARGIN / MEASURED_SURE
+        on = self.explorer.decide(on, max(gain, measured_gain))
         self.draft_len = self.stats.draft_len = length if on else 0
 
     def _observe_costs(self, draft_seconds: float) -> None:
