@@ -78,7 +78,7 @@ class RealisedRates:
         """Measured tokens per second drafting over not drafting at this load; None until
         both arms hold MIN_SAMPLES."""
         on, off = self.rate(batch, True), self.rate(batch, False)
-        return None if on is None or off is None else on / off
+        return None if on is None or off is None or off <= 0 else on / off
 
     def table(self) -> dict[str, dict[str, float | None]]:
         keys = sorted({b for b, _ in self.arms})
@@ -90,22 +90,25 @@ class Explorer:
     """When to spend a burst of steps on the arm the gate would not choose."""
 
     def __init__(self, every: int = PROBE_EVERY, burst: int = PROBE_BURST,
-                 margin: float = EXPLORE_MARGIN) -> None:
-        self.every, self.burst, self.margin = every, burst, margin
+                 margin: float = EXPLORE_MARGIN, measured_margin: float = MEASURED_SURE) -> None:
+        self.every, self.burst = every, burst
+        self.margin, self.measured_margin = margin, measured_margin
         self.streak = 0  # steps since the last burst ended
         self.left = 0  # steps left in the current burst
         self.arm = False  # the state a burst runs in
         self.bursts = 0
 
-    def decide(self, on: bool, gain: float) -> bool:
+    def decide(self, on: bool, gain: float, measured: float | None = None) -> bool:
         """The state the next step runs in: `on` (the gate's choice) or, in a burst, not on.
-        Drafting off is always re-checked; drafting on only where the evidence is unsure
-        (`gain`: the predicted gain, or a measured one scaled to the same margin)."""
+        Drafting off is always re-checked; drafting on only where neither the predicted
+        `gain` (< margin) nor the `measured` one (< measured_margin, None: unmeasured) is
+        sure."""
         if self.left:
             self.left -= 1
             return self.arm
         self.streak += 1
-        unsure = not on or gain < self.margin
+        sure = gain >= self.margin or (measured is not None and measured >= self.measured_margin)
+        unsure = not on or not sure
         if unsure and self.streak >= self.every:
             self.streak, self.left, self.arm = 0, self.burst - 1, not on
             self.bursts += 1

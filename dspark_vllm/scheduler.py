@@ -20,7 +20,7 @@ from collections import deque
 from .budget import (AcceptanceEstimator, admit_greedy, admit_top, plan_draft,
                      production_budget, survival)
 from .cost_model import DRAFT_PRIOR, CostModel, profile_key, profile_path
-from .gate import EXPLORE_MARGIN, MEASURED_SURE, Explorer, RealisedRates
+from .gate import EXPLORE_MARGIN, Explorer, RealisedRates
 from .ledger_scheduler import LedgerScheduler
 
 log = logging.getLogger("vllm.dspark.scheduler")
@@ -121,9 +121,8 @@ class DSparkScheduler(LedgerScheduler):
         measured = self.rates.verdict(num_running) if gain < EXPLORE_MARGIN else None
         on = measured if measured is not None else gain > 1.0
         # A clear measured win is not re-checked either: each burst at one request costs
-        # half its steps' tokens. (Scaled so MEASURED_SURE meets the explorer's margin.)
-        measured_gain = (self.rates.gain(num_running) or 0.0) * EXPLORE_MARGIN / MEASURED_SURE
-        on = self.explorer.decide(on, max(gain, measured_gain))
+        # half its steps' tokens.
+        on = self.explorer.decide(on, gain, self.rates.gain(num_running))
         self.draft_len = self.stats.draft_len = length if on else 0
 
     def _observe_costs(self, draft_seconds: float) -> None:
