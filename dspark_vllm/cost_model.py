@@ -33,7 +33,14 @@ PROFILE_WEIGHT = 0.25  # profile points keep anchoring the fit where traffic is 
 # points lets noise (or the drafter's cost, which rides on the intercept) tilt the slope,
 # and the slope is exactly what the admission policy trades against.
 MIN_SPAN_TOKENS = 8
-PROFILE_VERSION = 2  # bump when what the start-up profile times changes (2: + logits)
+PROFILE_VERSION = 3  # bump when what the start-up profile times changes (2: + logits,
+                     # 3: fastest repeat per shape, contended profiles marked)
+# A profile is contended when the profiling process got less than this share of the CPU
+# time its threads could use (another tenant on the cores). One busy process beside a
+# 2-thread profile on this 2-core CPU: share 1.2-1.4 of 2 and shapes 2.5-4x slower; alone
+# 1.96-1.97. A contended profile is used for that run (better than the prior) but not
+# trusted by the next start, which profiles again.
+CONTENDED_SHARE = 0.8
 
 
 def fit(tokens: np.ndarray, seconds: np.ndarray, weights: np.ndarray | None = None) -> StepCost:
@@ -66,16 +73,28 @@ def profile_path(key: str) -> Path:
     return cache_dir() / "cost" / f"{key}.json"
 
 
-def read_profile(path: Path) -> list[tuple[int, float]] | None:
+def contended(cpu_seconds: float, wall_seconds: float, threads: int) -> bool:
+    """Did a process whose `threads` compute threads ran for `wall_seconds` get less than
+    CONTENDED_SHARE of the CPU time they could use? (Contention only adds wall time.)"""
+    if wall_seconds <= 0 or threads <= 0:
+        return False
+    return cpu_seconds / wall_seconds < CONTENDED_SHARE * threads
+
+
+def read_profile(path: Path, *, trusted_only: bool = False) -> list[tuple[int, float]] | None:
     """The cached start-up profile's (tokens, seconds) points; None when the file is
-    missing or unreadable (then the engine profiles again and overwrites it)."""
+    missing or unreadable (then the engine profiles again and overwrites it), and with
+    `trusted_only` also when it was measured under contention."""
     if not path.is_file():
         return None
     try:
-        points = [(int(t), float(s)) for t, s in json.loads(path.read_text())["points"]]
+        raw = json.loads(path.read_text())
+        points = [(int(t), float(s)) for t, s in raw["points"]]
     except (OSError, ValueError, KeyError, TypeError) as e:
         log.warning("ignoring the corrupt DSpark cost profile %s (%s: %s); it is re-profiled",
                     path, type(e).__name__, e)
+        return None
+    if trusted_only and raw.get("contended"):
         return None
     return points
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from dspark_vllm.budget import StepCost
-from dspark_vllm.cost_model import (MIN_SPAN_TOKENS, REFIT_EVERY, CostModel, fit,
+from dspark_vllm.cost_model import (MIN_SPAN_TOKENS, REFIT_EVERY, CostModel, contended, fit,
                                     read_profile)
 
 
@@ -69,3 +69,67 @@ def test_a_corrupt_profile_cache_is_named_and_ignored(tmp_path, caplog, text):
     assert read_profile(path) is None  # the engine profiles again and overwrites it
     assert str(path) in caplog.text
     assert CostModel.load(path).cost == StepCost(0.05, 0.002)  # the prior until refits
+
+
+def test_contention_is_a_short_share_of_cpu_time():
+    # Measured on the 2-core dev CPU: alone 1.96-1.97 of 2 threads; one busy process
+    # beside it 1.2-1.4.
+    assert not contended(1.96, 1.0, threads=2)
+    assert contended(1.3, 1.0, threads=2)
+    assert not contended(0.0, 0.0, threads=2)  # nothing timed: nothing to judge
+
+
+def test_a_contended_profile_is_used_once_but_not_trusted(tmp_path):
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps({"points": [[1, 0.084], [16, 0.144]], "contended": True}))
+    assert read_profile(path) == [(1, 0.084), (16, 0.144)]  # this run: better than the prior
+    assert read_profile(path, trusted_only=True) is None  # the next start profiles again
+    assert CostModel.load(path).cost.beta == pytest.approx(0.004)
+
+
+class _FakeRunner:
+    """The three runner attributes the start-up profile uses; each dummy step either
+    computes (holds the CPU) or sleeps (waits for it, as a step on shared cores does)."""
+
+    def __init__(self, busy: bool) -> None:
+        import torch
+
+        self.busy, self.device = busy, torch.device("cpu")
+        self.scheduler_config = type("S", (), {"max_num_seqs": 2})()
+        self.max_num_tokens, self.uniform_decode_query_len = 8, 1
+        self.model = type("M", (), {"compute_logits": staticmethod(lambda h: h)})()
+        self.shapes = []
+
+    def _dummy_run(self, tokens, **kw):
+        import time
+
+        import torch
+
+        self.shapes.append((tokens, self.uniform_decode_query_len))
+        end = time.perf_counter() + 0.005
+        while self.busy and time.perf_counter() < end:
+            pass
+        if not self.busy:
+            time.sleep(0.005)
+        return torch.zeros(tokens, 4), None
+
+
+@pytest.mark.parametrize("busy", [True, False])
+def test_the_profile_times_each_shape_and_flags_a_run_that_waited(busy):
+    import torch
+
+    from dspark_vllm.patches.cost_profile import QUERY_LENS, REPEATS, profile
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the fake computes on one thread
+    try:
+        runner = _FakeRunner(busy)
+        points, was_contended = profile(runner)
+    finally:
+        torch.set_num_threads(threads)
+    assert was_contended is not busy
+    want = [b * q for q in QUERY_LENS for b in (1, 2) if b * q <= 8]
+    assert [t for t, _ in points] == want  # batches up to max_num_seqs, tokens up to the cap
+    assert len(runner.shapes) == len(want) * (REPEATS + 1)  # + one warm-up run per shape
+    assert all(s >= 0.005 for _, s in points)
+    assert runner.uniform_decode_query_len == 1  # restored

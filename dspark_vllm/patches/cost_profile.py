@@ -3,7 +3,9 @@
 Why: the load-aware budget needs steps-per-second as a function of batch tokens on the
 running hardware. Once the KV cache exists, the worker can time real forward passes of
 uniform decode batches (B requests x q tokens) with vLLM's own dummy-run machinery; the
-profile is cached per model and machine and read by the scheduler at start-up. vLLM has
+profile is cached per model and machine and read by the scheduler at start-up (a profile
+taken while another process held the cores is marked, used once, and taken again at the
+next start: contention would otherwise inflate the slope for good). vLLM has
 no hook between "KV cache ready" and "scheduler built" that runs in the worker.
 Removed by: a worker-side start-up hook for plugins (or an upstream cost profile, as the
 V2 runner's adaptive verification has).
@@ -24,12 +26,32 @@ BATCHES = (1, 2, 4, 8, 16)
 QUERY_LENS = (1, 2, 4, 8)
 CONTEXT = 256  # attention context of the profiled requests
 TIME_CAP_S = 45.0  # the whole profile stays bounded; unmeasured shapes are skipped
-REPEATS = 2
+REPEATS = 2  # timed runs per shape after a warm-up run; the fastest counts (noise only adds)
 
 
-def profile(runner) -> list[tuple[int, float]]:
+def profile(runner) -> tuple[list[tuple[int, float]], bool]:
     """(batch tokens, step seconds) for uniform decode batches (forward, the drafter's
-    dummy pass, and logits at every token), within TIME_CAP_S."""
+    dummy pass, and logits at every token), within TIME_CAP_S; and whether the profile
+    ran contended (CPU only: this process's CPU time against its threads' wall time)."""
+    import torch
+
+    from ..cost_model import contended
+
+    wall0, cpu0 = time.perf_counter(), time.process_time()
+    points = _time_shapes(runner)
+    wall, cpu = max(time.perf_counter() - wall0, 1e-9), time.process_time() - cpu0
+    on_cpu = getattr(getattr(runner, "device", None), "type", "cpu") == "cpu"
+    busy = on_cpu and contended(cpu, wall, torch.get_num_threads())
+    share = f"{cpu / wall:.2f} of {torch.get_num_threads()} threads' CPU time"
+    if busy:
+        log.warning("DSpark cost profile ran contended (%s): used for this run, profiled "
+                    "again at the next start", share)
+    else:
+        log.info("DSpark cost profile: %s", share)
+    return points, busy
+
+
+def _time_shapes(runner) -> list[tuple[int, float]]:
     import torch
 
     max_seqs = runner.scheduler_config.max_num_seqs
@@ -56,7 +78,7 @@ def profile(runner) -> list[tuple[int, float]]:
                         torch.cuda.synchronize()
                     if rep:
                         times.append(time.perf_counter() - t0)
-                points.append((b * q, sorted(times)[len(times) // 2]))
+                points.append((b * q, min(times)))
     finally:
         runner.uniform_decode_query_len = saved
     return points
@@ -80,18 +102,18 @@ def apply() -> None:
 
         mc = self.vllm_config.model_config
         path = profile_path(profile_key(mc.model, str(mc.dtype), self.scheduler_config.max_num_seqs))
-        if read_profile(path) is not None:
+        if read_profile(path, trusted_only=True) is not None:
             return out
         t0 = time.perf_counter()
         try:
-            points = profile(self)
+            points, busy = profile(self)
         except Exception as e:  # noqa: BLE001 - a failed profile must never stop the engine
             log.warning("DSpark cost profile failed (%s); the budget starts from a prior "
                         "and learns online", e)
             return out
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps({"points": points, "context": CONTEXT}))
+        tmp.write_text(json.dumps({"points": points, "context": CONTEXT, "contended": busy}))
         tmp.replace(path)
         log.info("DSpark cost profile: %d shapes in %.1fs -> %s", len(points),
                  time.perf_counter() - t0, path)
