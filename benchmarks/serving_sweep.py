@@ -45,12 +45,19 @@ def configs(dspark: str, mtp1: str, fixed: tuple[int, ...]) -> dict[str, dict | 
 
 
 def prompt_set(n: int) -> list[list[dict]]:
+    """n prompts: a third each held-out GSM8K, HumanEval and Spec-Bench (its categories in
+    turn), interleaved GSM8K, HumanEval, Spec-Bench, ... A load point reads a window of
+    consecutive prompts (five at one request), so every window must hold the whole mix:
+    blocks of one source would measure the low loads on GSM8K alone."""
     from dspark_vllm.datasets import gsm8k_heldout, humaneval, load_eval_set
 
-    spec = load_eval_set("spec_bench", per_category=3, seed=1)
-    mix = [p["messages"] for p in gsm8k_heldout()[:n // 3]] + \
-        [p["messages"] for p in humaneval()[:n // 3]] + [p["messages"] for p in spec[:n // 3]]
-    return mix
+    by_cat: dict[str, list[dict]] = {}
+    for p in load_eval_set("spec_bench", per_category=3, seed=1):
+        by_cat.setdefault(p["category"], []).append(p)
+    spec = [ps[i] for i in range(3) for ps in by_cat.values() if i < len(ps)]
+    k = n // 3
+    sources = [gsm8k_heldout()[:k], humaneval()[:k], spec[:k]]
+    return [src[i]["messages"] for i in range(k) for src in sources]
 
 
 def measure_once(server, prompts, conc, reqs, warmup, rep, open_rate=None) -> dict:

@@ -23,6 +23,25 @@ def test_matched_throughput_interpolates_the_frontier():
     assert ratios[0] is None and ratios[1] == pytest.approx((16 - 2 * 2 / 12) / 9)
 
 
+def test_every_load_window_reads_the_whole_prompt_mix():
+    """A one-request point reads five consecutive prompts: each source must be in every
+    window of three, and the Spec-Bench third must span its categories."""
+    from benchmarks.serving_sweep import prompt_set
+    from dspark_vllm.datasets import gsm8k_heldout, humaneval, load_eval_set
+
+    prompts = prompt_set(48)
+    gsm = {json.dumps(p["messages"]) for p in gsm8k_heldout()}
+    code = {json.dumps(p["messages"]) for p in humaneval()}
+    spec = {json.dumps(p["messages"]): p["category"] for p in load_eval_set("spec_bench")}
+    source = ["gsm8k" if json.dumps(m) in gsm else "humaneval" if json.dumps(m) in code
+              else spec[json.dumps(m)] for m in prompts]
+    assert len(prompts) == 48 and len(set(map(json.dumps, prompts))) == 48
+    for i in range(len(prompts) - 2):
+        window = source[i:i + 3]
+        assert "gsm8k" in window and "humaneval" in window, (i, window)
+    assert set(source[2::3]) == {p["category"] for p in load_eval_set("spec_bench")}
+
+
 def test_ledger_summary_prices_one_window():
     from benchmarks.serving_sweep import ledger_summary
 
