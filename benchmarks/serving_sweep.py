@@ -47,7 +47,7 @@ def configs(dspark: str, mtp1: str, fixed: tuple[int, ...]) -> dict[str, dict | 
 def prompt_set(n: int) -> list[list[dict]]:
     """n prompts: a third each held-out GSM8K, HumanEval and Spec-Bench (its categories in
     turn), interleaved GSM8K, HumanEval, Spec-Bench, ... A load point reads a window of
-    consecutive prompts (five at one request), so every window must hold the whole mix:
+    consecutive prompts (a few at one request), so every window must hold the whole mix:
     blocks of one source would measure the low loads on GSM8K alone."""
     from dspark_vllm.datasets import gsm8k_heldout, humaneval, load_eval_set
 

@@ -24,7 +24,7 @@ def test_matched_throughput_interpolates_the_frontier():
 
 
 def test_every_load_window_reads_the_whole_prompt_mix():
-    """A one-request point reads five consecutive prompts: each source must be in every
+    """A one-request point reads a few consecutive prompts: each source must be in every
     window of three, and the Spec-Bench third must span its categories."""
     from benchmarks.serving_sweep import prompt_set
     from dspark_vllm.datasets import gsm8k_heldout, humaneval, load_eval_set
