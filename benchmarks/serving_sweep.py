@@ -55,9 +55,12 @@ def prompt_set(n: int) -> list[list[dict]]:
     for p in load_eval_set("spec_bench", per_category=3, seed=1):
         by_cat.setdefault(p["category"], []).append(p)
     spec = [ps[i] for i in range(3) for ps in by_cat.values() if i < len(ps)]
-    k = n // 3
-    sources = [gsm8k_heldout()[:k], humaneval()[:k], spec[:k]]
-    return [src[i]["messages"] for i in range(k) for src in sources]
+    sources = [gsm8k_heldout(), humaneval(), spec]
+    most = min(map(len, sources))
+    if not 3 <= n <= 3 * most:
+        raise ValueError(f"--prompts {n}: use 3 to {3 * most} (a third each from held-out "
+                         f"GSM8K, HumanEval and {len(spec)} Spec-Bench first turns)")
+    return [src[i]["messages"] for i in range(n // 3) for src in sources]
 
 
 def measure_once(server, prompts, conc, reqs, warmup, rep, open_rate=None) -> dict:
@@ -239,6 +242,10 @@ def main(argv=None):
                         "prompts, see _server)")
     p.add_argument("--quick", action="store_true", help="two configurations, tiny load (tests)")
     args = p.parse_args(argv)
+    try:
+        prompt_set(args.prompts)  # a bad --prompts is refused before any server starts
+    except ValueError as e:
+        p.error(str(e))
     if args.quick:
         global MAX_TOKENS
         MAX_TOKENS = 16

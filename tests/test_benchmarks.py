@@ -42,6 +42,17 @@ def test_every_load_window_reads_the_whole_prompt_mix():
     assert set(source[2::3]) == {p["category"] for p in load_eval_set("spec_bench")}
 
 
+@pytest.mark.parametrize("n", [2, 118])
+def test_a_prompt_count_outside_the_mix_is_refused_by_name(n, capsys, tmp_path):
+    from benchmarks.serving_sweep import main
+
+    with pytest.raises(SystemExit):  # refused before any server starts
+        main(["--prompts", str(n), "--out", str(tmp_path / "never-written")])
+    assert not (tmp_path / "never-written").exists()
+    err = capsys.readouterr().err
+    assert f"--prompts {n}: use 3 to 117" in err
+
+
 def test_ledger_summary_prices_one_window():
     from benchmarks.serving_sweep import ledger_summary
 

@@ -41,8 +41,9 @@ def profile(runner) -> tuple[list[tuple[int, float]], bool]:
     points = _time_shapes(runner)
     wall, cpu = max(time.perf_counter() - wall0, 1e-9), time.process_time() - cpu0
     on_cpu = getattr(getattr(runner, "device", None), "type", "cpu") == "cpu"
-    busy = on_cpu and contended(cpu, wall, torch.get_num_threads())
-    share = f"{cpu / wall:.2f} of {torch.get_num_threads()} threads' CPU time"
+    threads = torch.get_num_threads()
+    busy = on_cpu and contended(cpu, wall, threads)
+    share = f"{cpu / wall:.2f} of {threads} threads' CPU time"
     if busy:
         log.warning("DSpark cost profile ran contended (%s): used for this run, profiled "
                     "again at the next start", share)
