@@ -1,6 +1,7 @@
 """Fused DSpark transition-head kernels (Triton) beside their torch references.
 
-  transition_step, transition_step_topk, confidence   dispatching entry points (kernels.dispatch)
+  transition_step, transition_step_topk, confidence   dispatching entry points (kernels.dispatch);
+  transition_argmax, confidence_block                 the all-greedy loop's lighter forms
   *_ref                                               torch references (kernels.reference)
   *_triton                                            Triton wrappers, imported on first use so
                                                       that importing this package never needs
@@ -9,8 +10,10 @@
 
 from __future__ import annotations
 
-from .dispatch import confidence, transition_step, transition_step_topk
-from .reference import confidence_ref, transition_step_ref, transition_step_topk_ref
+from .dispatch import (confidence, confidence_block, transition_argmax, transition_step,
+                       transition_step_topk)
+from .reference import (confidence_block_ref, confidence_ref, transition_argmax_ref,
+                        transition_step_ref, transition_step_topk_ref)
 
 _LAZY = {
     "transition_step_triton": "transition",
@@ -18,8 +21,9 @@ _LAZY = {
     "confidence_triton": "confidence_head",
 }
 
-__all__ = ["transition_step", "transition_step_topk", "confidence", "transition_step_ref",
-           "transition_step_topk_ref", "confidence_ref", *_LAZY]
+__all__ = ["transition_step", "transition_step_topk", "confidence", "transition_argmax",
+           "confidence_block", "transition_step_ref", "transition_step_topk_ref",
+           "confidence_ref", "transition_argmax_ref", "confidence_block_ref", *_LAZY]
 
 
 def __getattr__(name: str):

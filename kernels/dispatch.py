@@ -96,6 +96,22 @@ def transition_step(
     return transition_step_triton(*args, want_probs, out_probs, out=out)
 
 
+def transition_argmax(
+    base_logits: torch.Tensor,  # [B, V] U_k
+    prev_ids: torch.Tensor,  # [B] int64
+    w1: torch.Tensor,  # [Vt, r]
+    w2: torch.Tensor,  # [V, r]
+) -> torch.Tensor:
+    """An all-greedy step's token [B] int64 alone (the same token transition_step gives at
+    temperature 0); the Triton kernel where it runs, else reference.transition_argmax_ref."""
+    if _declined("transition_step", base_logits, prev_ids, w1, w2):
+        return reference.transition_argmax_ref(base_logits, prev_ids, w1, w2)
+    b = base_logits.shape[0]
+    zeros = torch.zeros(b, dtype=torch.int64, device=base_logits.device)
+    return transition_step(base_logits, prev_ids, w1, w2,
+                           torch.zeros(b, device=base_logits.device), zeros, zeros)[0]
+
+
 def transition_step_topk(
     topk_values: torch.Tensor,  # [B, k] base logits of the candidates
     topk_ids: torch.Tensor,  # [B, k] int64 draft-vocabulary ids
@@ -130,3 +146,19 @@ def confidence(
         return reference.confidence_ref(*args)
     from .confidence_head import confidence_triton
     return confidence_triton(*args)
+
+
+def confidence_block(
+    h: torch.Tensor,  # [B, K, H]
+    prev_ids: torch.Tensor,  # [B, K] int64: x_{k-1} of every slot
+    w1: torch.Tensor,  # [Vt, r]
+    w: torch.Tensor,  # [H + r]
+    b: torch.Tensor,  # [1]
+    temps: torch.Tensor,  # [K]
+) -> torch.Tensor:
+    """Every slot's calibrated confidence -> [B, K] float32: one vectorised reference call,
+    or the Triton kernel slot by slot (its weights carry the slot's temperature)."""
+    if _declined("confidence", h, prev_ids, w1, w, b):
+        return reference.confidence_block_ref(h, prev_ids, w1, w, b, temps)
+    return torch.stack([confidence(h[:, k], prev_ids[:, k], w1, w / temps[k], b / temps[k])
+                        for k in range(h.shape[1])], 1)

@@ -65,6 +65,18 @@ def transition_step_ref(
     return (*_write((token, logprob, lse), out), probs)
 
 
+def transition_argmax_ref(
+    base_logits: torch.Tensor,  # [B, V] U_k
+    prev_ids: torch.Tensor,  # [B] int64
+    w1: torch.Tensor,  # [Vt, r]
+    w2: torch.Tensor,  # [V, r]
+) -> torch.Tensor:
+    """A greedy step's token alone: argmax(U + W1[prev] W2^T) -> [B] int64. The same
+    float32 logits as transition_step_ref (z = logits / 1), without the log-normaliser,
+    log-probability and temperature work a greedy drafting loop throws away."""
+    return (base_logits.float() + w1[prev_ids].float() @ w2.float().t()).argmax(-1)
+
+
 def transition_step_topk_ref(
     topk_values: torch.Tensor,  # [B, k] base logits of the candidates
     topk_ids: torch.Tensor,  # [B, k] int64 draft-vocabulary ids of the candidates
@@ -99,3 +111,16 @@ def confidence_ref(
     """c_k = sigmoid(w . [h_k ; W1[x_{k-1}]] + b) -> [B] float32."""
     feats = torch.cat([h.float(), w1[prev_ids].float()], -1)
     return torch.sigmoid(feats @ w.float() + b.float())
+
+
+def confidence_block_ref(
+    h: torch.Tensor,  # [B, K, H] backbone hidden states of the block
+    prev_ids: torch.Tensor,  # [B, K] int64: x_{k-1} for every slot k
+    w1: torch.Tensor,  # [Vt, r]
+    w: torch.Tensor,  # [H + r]
+    b: torch.Tensor,  # [1]
+    temps: torch.Tensor,  # [K] per-slot calibration temperature
+) -> torch.Tensor:
+    """Every slot's c_k = sigmoid((w . [h_k ; W1[x_{k-1}]] + b) / T_k) at once -> [B, K]."""
+    feats = torch.cat([h.float(), w1[prev_ids].float()], -1)
+    return torch.sigmoid((feats @ w.float() + b.float()) / temps.float())

@@ -153,6 +153,24 @@ def test_reference_matches_the_drafter(tiny_target):
     torch.testing.assert_close(conf, torch.sigmoid(drafter.confidence_logits(h, prev)))
 
 
+def test_greedy_forms_match_the_general_references():
+    gen = torch.Generator().manual_seed(3)
+    b, k, v, vt, r, hd = 5, 4, 60, 90, 8, 16
+    base, w1, w2 = (torch.randn(b, v, generator=gen), torch.randn(vt, r, generator=gen),
+                    torch.randn(v, r, generator=gen))
+    prev = torch.randint(0, vt, (b,), generator=gen)
+    zeros = torch.zeros(b, dtype=torch.long)
+    tok = reference.transition_step_ref(base, prev, w1, w2, torch.zeros(b), zeros, zeros)[0]
+    assert torch.equal(reference.transition_argmax_ref(base, prev, w1, w2), tok)
+    assert torch.equal(dispatch.transition_argmax(base, prev, w1, w2), tok)  # CPU: the reference
+    h, prevs = torch.randn(b, k, hd, generator=gen), torch.randint(0, vt, (b, k), generator=gen)
+    w, bias, temps = torch.randn(hd + r, generator=gen), torch.randn(1, generator=gen), \
+        torch.tensor([1.0, 0.5, 2.0, 1.3])
+    want = torch.stack([reference.confidence_ref(h[:, i], prevs[:, i], w1, w / temps[i],
+                                                 bias / temps[i]) for i in range(k)], 1)
+    torch.testing.assert_close(dispatch.confidence_block(h, prevs, w1, w, bias, temps), want)
+
+
 # ------------------------------------------------------------------------- dispatcher
 def _small(b=3, v=50, r=8):
     gen = torch.Generator().manual_seed(2)
