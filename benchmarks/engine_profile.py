@@ -4,12 +4,14 @@ scheduler, the model runner and the DSpark proposer, for plain decoding or a DSp
     python -m benchmarks.engine_profile plain        # no speculation
     python -m benchmarks.engine_profile k0           # DSpark that never drafts (context pass only)
     python -m benchmarks.engine_profile adaptive     # DSpark with the load-aware budget
+    python -m benchmarks.engine_profile fixed --k 7 --batch 1   # DSpark, K drafts every step
 
-One `vllm.LLM` with the worker in this process (no RPC), 16 prompts (8 GSM8K held-out, 8
-HumanEval) x 96 greedy tokens: a warm-up pass, then `--repeats` timed passes, each printed
+One `vllm.LLM` with the worker in this process (no RPC), the first `--batch` of 16 prompts
+(8 GSM8K held-out, 8 HumanEval) x 96 greedy tokens: a warm-up pass, then `--repeats` timed passes, each printed
 as one JSON line {timer: [seconds, calls]}. The timers wrap whole methods, so nested ones
 overlap (runner.execute_model contains the target forward; runner.sample_tokens contains
-the draft pass).
+the draft pass, proposer.propose; that contains drafter.forward, the drafter's context K/V
+and block pass, and proposer._sample_draft_tokens, its LM head and sequential loop).
 """
 
 from __future__ import annotations
@@ -40,6 +42,18 @@ def _time(cls, name: str, label: str) -> None:
             row[1] += 1
 
     setattr(cls, name, timed)
+
+
+def _install_drafter(llm) -> None:
+    """Timers inside the draft pass: the drafter's forward (context K/V + block), its LM
+    head, the sequential sampling loop, and vLLM's input preparation for the pass."""
+    from dspark_vllm.proposer import DSparkProposer
+
+    for n in ("set_inputs_first_pass", "build_model_inputs_first_pass", "_sample_draft_tokens"):
+        _time(DSparkProposer, n, f"proposer.{n}")
+    drafter = llm.llm_engine.model_executor.driver_worker.worker.model_runner.drafter.model
+    for n in ("forward", "combine_hidden_states", "compute_draft_logits"):
+        _time(type(drafter), n, f"drafter.{n}")
 
 
 def _install() -> None:
@@ -76,7 +90,9 @@ def in_process_llm(spec: dict | None, **kw):
 
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("mode", choices=("plain", "k0", "adaptive"))
+    p.add_argument("mode", choices=("plain", "k0", "adaptive", "fixed"))
+    p.add_argument("--k", type=int, default=7, help="drafts per step (mode fixed)")
+    p.add_argument("--batch", type=int, default=16, help="prompts per pass (at most 16)")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--max-tokens", type=int, default=96)
     args = p.parse_args(argv)
@@ -91,12 +107,16 @@ def main(argv=None) -> None:
         spec = {"method": "dspark", "model": str(BUNDLED_DRAFTER), "num_speculative_tokens": 7}
         if args.mode == "k0":
             spec["num_speculative_tokens_per_batch_size"] = [[1, 1024, 0]]
+        elif args.mode == "fixed":
+            spec["num_speculative_tokens"] = args.k
         else:
             spec["enable_adaptive_verification"] = True
     llm = in_process_llm(spec, max_num_seqs=16, enable_prefix_caching=False)
+    if spec is not None:
+        _install_drafter(llm)
     tok = llm.get_tokenizer()
     chats = [p["messages"] for p in gsm8k_heldout()[:8]] + [p["messages"] for p in humaneval()[:8]]
-    prompts = [{"prompt_token_ids": encode_chat(tok, m)} for m in chats]
+    prompts = [{"prompt_token_ids": encode_chat(tok, m)} for m in chats][: args.batch]
     params = SamplingParams(temperature=0, max_tokens=args.max_tokens, ignore_eos=True)
     llm.generate(prompts, params, use_tqdm=False)  # warm-up
     for rep in range(args.repeats):
