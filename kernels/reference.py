@@ -26,6 +26,18 @@ def _write(result: Outputs, out: Outputs | None) -> Outputs:
     return out
 
 
+def _transition_logits(base_logits: torch.Tensor, prev_ids: torch.Tensor, w1: torch.Tensor,
+                       w2: torch.Tensor) -> torch.Tensor:
+    """U + W1[prev] W2^T in float32 -> [B, V]."""
+    return base_logits.float() + w1[prev_ids].float() @ w2.float().t()
+
+
+def _confidence_logits(h: torch.Tensor, prev_ids: torch.Tensor, w1: torch.Tensor,
+                       w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """w . [h ; W1[prev]] + b in float32: [..., H], [...] -> [...]."""
+    return torch.cat([h.float(), w1[prev_ids].float()], -1) @ w.float() + b.float()
+
+
 def _choose(z: torch.Tensor, ids: torch.Tensor, temperature: torch.Tensor,
             seed: torch.Tensor, position: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """z [B, N] scaled logits, ids [B, N] their vocab ids -> (column [B], lse [B])."""
@@ -51,7 +63,7 @@ def transition_step_ref(
     out: Outputs | None = None,  # preallocated (token, logprob, lse)
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """-> token [B] int64, logprob [B] f32, lse [B] f32, probs [B, V] f32 or None."""
-    logits = base_logits.float() + w1[prev_ids].float() @ w2.float().t()
+    logits = _transition_logits(base_logits, prev_ids, w1, w2)
     t = torch.where(temperature > 0, temperature, torch.ones_like(temperature))
     z = logits / t[:, None]
     ids = torch.arange(z.shape[1], device=z.device).expand_as(z)
@@ -74,7 +86,7 @@ def transition_argmax_ref(
     """A greedy step's token alone: argmax(U + W1[prev] W2^T) -> [B] int64. The same
     float32 logits as transition_step_ref (z = logits / 1), without the log-normaliser,
     log-probability and temperature work a greedy drafting loop throws away."""
-    return (base_logits.float() + w1[prev_ids].float() @ w2.float().t()).argmax(-1)
+    return _transition_logits(base_logits, prev_ids, w1, w2).argmax(-1)
 
 
 def transition_step_topk_ref(
@@ -109,8 +121,7 @@ def confidence_ref(
     b: torch.Tensor,  # [1] its bias
 ) -> torch.Tensor:
     """c_k = sigmoid(w . [h_k ; W1[x_{k-1}]] + b) -> [B] float32."""
-    feats = torch.cat([h.float(), w1[prev_ids].float()], -1)
-    return torch.sigmoid(feats @ w.float() + b.float())
+    return torch.sigmoid(_confidence_logits(h, prev_ids, w1, w, b))
 
 
 def confidence_block_ref(
@@ -122,5 +133,4 @@ def confidence_block_ref(
     temps: torch.Tensor,  # [K] per-slot calibration temperature
 ) -> torch.Tensor:
     """Every slot's c_k = sigmoid((w . [h_k ; W1[x_{k-1}]] + b) / T_k) at once -> [B, K]."""
-    feats = torch.cat([h.float(), w1[prev_ids].float()], -1)
-    return torch.sigmoid((feats @ w.float() + b.float()) / temps.float())
+    return torch.sigmoid(_confidence_logits(h, prev_ids, w1, w, b) / temps.float())
