@@ -96,6 +96,10 @@ def main(argv=None) -> None:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--max-tokens", type=int, default=96)
     args = p.parse_args(argv)
+    if not 1 <= args.batch <= 16:
+        p.error(f"--batch {args.batch}: use 1 to 16 (the prompt set holds 16)")
+    if args.mode == "fixed" and not 1 <= args.k <= 7:
+        p.error(f"--k {args.k}: use 1 to 7 (the bundled drafter's block; mode k0 drafts none)")
     from vllm import SamplingParams
 
     from dspark_vllm.datasets import encode_chat, gsm8k_heldout, humaneval

@@ -107,3 +107,13 @@ def test_serving_sweep_quick(tmp_path, interleave):
     else:
         assert "scheduler_status" not in plain
     assert (tmp_path / "sweep" / "frontier.png").stat().st_size > 0
+
+
+@pytest.mark.parametrize("argv, bad", [(["fixed", "--batch", "0"], "--batch 0: use 1 to 16"),
+                                       (["fixed", "--k", "9"], "--k 9: use 1 to 7")])
+def test_engine_profile_refuses_a_bad_size_by_name(argv, bad, capsys):
+    from benchmarks.engine_profile import main
+
+    with pytest.raises(SystemExit):  # before any engine starts
+        main(argv)
+    assert bad in capsys.readouterr().err
