@@ -147,3 +147,19 @@ def test_torchrun_two_processes_on_gloo(tiny_cache, tmp_path):
                        env=env, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     assert r.stdout.count("RANK_OK") == 2
+
+
+def test_bigram_start_of_the_transition_head(tiny_cache, tmp_path):
+    # The counting language: response token 50 + i is always followed by 50 + (i + 1) % 40.
+    # Rank 48 holds all 40 successor rows (a permutation is full rank).
+    zero = Trainer(_cfg(tiny_cache, tmp_path / "zero", markov_rank=48))
+    big = Trainer(_cfg(tiny_cache, tmp_path / "bigram", markov_rank=48, markov_init="bigram"))
+    head = big.drafter.markov_head
+    for i in range(40):
+        bias = head.bias(torch.tensor([50 + i]))[0]
+        assert int(bias.argmax()) == int(big.t2d[50 + (i + 1) % 40]), i
+    # Only the transition head changed: the RNG stream and every other weight are the same.
+    for (n, a), (_, b) in zip(zero.drafter.named_parameters(), big.drafter.named_parameters()):
+        if not n.startswith("markov_head."):
+            assert torch.equal(a, b), n
+    assert zero.drafter.markov_head.markov_w2.weight.abs().sum() == 0

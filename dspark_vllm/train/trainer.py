@@ -37,6 +37,7 @@ class TrainConfig:
     num_layers: int = 2
     block_size: int = 7
     markov_rank: int = 64
+    markov_init: str = "zero"  # "zero" (starts as the parallel drafter) or "bigram" (markov_init.py)
     draft_vocab_size: int | None = 8192
     mask_token_id: int = 16  # SmolLM2's <empty_output>: never generated in chat
     confidence_head: bool = True
@@ -171,13 +172,15 @@ class Trainer:
         self.cols = self.cache.select(dcfg.target_layer_ids)
         torch.manual_seed(cfg.seed)
         self.drafter = DSparkDrafter(dcfg, emb, head, d2t=d2t)
-        if self.ddp:  # every rank starts from rank 0's weights
-            for p in self.drafter.parameters():
-                dist.broadcast(p.data, 0)
         self.t2d = None
         if vocab is not None:
             self.t2d = torch.full((dcfg.vocab_size,), -1, dtype=torch.long)
             self.t2d[vocab] = torch.arange(len(vocab))
+        if cfg.markov_init == "bigram" and self.drafter.markov_head is not None:
+            self._init_markov_from_bigrams()
+        if self.ddp:  # every rank starts from rank 0's weights
+            for p in self.drafter.parameters():
+                dist.broadcast(p.data, 0)
         self.lm_head_d = self.drafter.lm_head.detach()
         params = [p for p in self.drafter.parameters() if p.requires_grad]
         self.opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay,
@@ -187,6 +190,18 @@ class Trainer:
         self.step = 0
         self.gen = torch.Generator().manual_seed(cfg.seed)
         self._maybe_resume()
+
+    def _init_markov_from_bigrams(self) -> None:
+        from .markov_init import pmi_factors, response_bigrams
+
+        head = self.drafter.markov_head
+        prev, nxt = response_bigrams(self.cache, self.seqs)
+        w1, w2 = pmi_factors(prev, nxt, self.t2d, head.markov_w1.num_embeddings,
+                             head.markov_w2.out_features, head.markov_w2.in_features, self.cfg.seed)
+        with torch.no_grad():
+            head.markov_w1.weight.copy_(w1)
+            head.markov_w2.weight.copy_(w2)
+        log.info("transition head initialised from %d response bigrams", len(prev))
 
     # ------------------------------------------------------------------ schedule
     def lr_at(self, step: int) -> float:
