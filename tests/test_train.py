@@ -163,3 +163,21 @@ def test_bigram_start_of_the_transition_head(tiny_cache, tmp_path):
         if not n.startswith("markov_head."):
             assert torch.equal(a, b), n
     assert zero.drafter.markov_head.markov_w2.weight.abs().sum() == 0
+
+
+def test_bfloat16_cache_matches_float32_and_resume_keeps_its_dtype(tiny_cache, tmp_path):
+    from dspark_vllm.train.cache import FeatureCache, build_cache
+
+    root = tiny_cache
+    a = FeatureCache(root / "cache")
+    b = build_cache(root / "data", tmp_path / "bf16", str(root / "target"), layer_ids=[1, 2, 3],
+                    dtype="bfloat16")
+    assert b.info.dtype == "bfloat16" and a.info.dtype == "float32"
+    fa, fb = torch.from_numpy(np.asarray(a.feats, np.float32)), torch.from_numpy(np.asarray(b.feats, np.float32))
+    assert torch.equal(torch.from_numpy(np.asarray(a.tokens)), torch.from_numpy(np.asarray(b.tokens)))
+    rel = (fa - fb).norm() / fa.norm()
+    assert 0 < rel < 0.02, rel  # bfloat16 rounding, nothing more
+    lse_a, lse_b = torch.from_numpy(np.asarray(a.lse)), torch.from_numpy(np.asarray(b.lse))
+    assert (lse_a - lse_b).abs().max() < 0.05
+    with pytest.raises(ValueError, match="in bfloat16; .* in float32"):  # not silently mixed
+        build_cache(root / "data", tmp_path / "bf16", str(root / "target"), layer_ids=[1, 2, 3])

@@ -32,6 +32,7 @@ class CacheInfo:
     prompt_lens: list[int]
     temperatures: list[float]  # the sampling temperature each response was generated with
     done: int = 0  # sequences written so far (resume point)
+    dtype: str = "float32"  # the target's compute dtype while building
 
     @property
     def feat_size(self) -> int:
@@ -78,17 +79,23 @@ class FeatureCache:
 
 def build_cache(data_dir: str | Path, out: str | Path, target_path: str, layer_ids: list[int],
                 max_gb: float = 9.5, max_len: int = 768, batch_tokens: int = 4096,
-                limit: int | None = None) -> FeatureCache:
-    """Run the target over make-data sequences (resumable; stops at `max_gb`)."""
+                limit: int | None = None, dtype: str = "float32") -> FeatureCache:
+    """Run the target over make-data sequences (resumable; stops at `max_gb`). `dtype`:
+    the target's compute dtype ("auto" = bfloat16 where the CPU has it natively); the
+    stored values and the log-normaliser's LM head are the same either way."""
     from tqdm import tqdm
 
+    from ..hardware import preferred_dtype
     from ..target import load_target
     from .make_data import read_shards
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     index = out / "index.json"
+    dtype = preferred_dtype(dtype)
     target, _ = load_target(target_path, dtype=torch.float32, tokenizer=False)
+    head = target.lm_head.weight.detach().clone()  # [V, H] float32, as training reads it
+    target.to(getattr(torch, dtype))
     h = target.config.hidden_size
     if not index.is_file():
         seqs = [(t[:max_len], min(p, max_len), m.get("temperature", 0.0))
@@ -107,7 +114,7 @@ def build_cache(data_dir: str | Path, out: str | Path, target_path: str, layer_i
             temps.append(float(temp))
         info = CacheInfo(target=str(target_path), layer_ids=list(layer_ids), hidden_size=h,
                          num_tokens=n, offsets=offsets, prompt_lens=prompt_lens,
-                         temperatures=temps)
+                         temperatures=temps, dtype=dtype)
         for name, dt, shape in (("feats.f16", np.float16, (n, info.feat_size)),
                                 ("last.f16", np.float16, (n, h)),
                                 ("lse.f32", np.float32, (n,)), ("tokens.i32", np.int32, (n,))):
@@ -119,8 +126,10 @@ def build_cache(data_dir: str | Path, out: str | Path, target_path: str, layer_i
         index.write_text(json.dumps(asdict(info)))
     cache = FeatureCache(out, mode="r+")
     info = cache.info
-    if info.layer_ids != list(layer_ids) or info.target != str(target_path):
-        raise ValueError(f"{out} was built for target {info.target} layers {info.layer_ids}")
+    if info.layer_ids != list(layer_ids) or info.target != str(target_path) or info.dtype != dtype:
+        raise ValueError(f"{out} was built for target {info.target} layers {info.layer_ids} "
+                         f"in {info.dtype}; this run asks for {target_path} layers "
+                         f"{list(layer_ids)} in {dtype}: resume with the same, or use a new --out")
     n_seq = len(info.prompt_lens)
     bar = tqdm(total=n_seq, initial=info.done, desc="feature cache", unit="seq")
     t0, done0 = time.time(), info.done
@@ -132,7 +141,7 @@ def build_cache(data_dir: str | Path, out: str | Path, target_path: str, layer_i
             if (j - i + 1) * longest_j > batch_tokens:
                 break
             j, longest = j + 1, longest_j
-        _encode_batch(target, cache, range(i, j), layer_ids)
+        _encode_batch(target, head, cache, range(i, j), layer_ids)
         i = j
         info.done = i
         cache.feats.flush(), cache.last.flush(), cache.lse.flush()
@@ -144,7 +153,8 @@ def build_cache(data_dir: str | Path, out: str | Path, target_path: str, layer_i
 
 
 @torch.no_grad()
-def _encode_batch(target, cache: FeatureCache, seq_ids: range, layer_ids: list[int]) -> None:
+def _encode_batch(target, head: torch.Tensor, cache: FeatureCache, seq_ids: range,
+                  layer_ids: list[int]) -> None:
     offs = cache.info.offsets
     lens = [offs[s + 1] - offs[s] for s in seq_ids]
     ids = torch.zeros(len(lens), max(lens), dtype=torch.long)
@@ -152,9 +162,10 @@ def _encode_batch(target, cache: FeatureCache, seq_ids: range, layer_ids: list[i
         ids[r, :lens[r]] = torch.from_numpy(np.asarray(cache.tokens[offs[s]:offs[s + 1]], dtype=np.int64))
     att = (torch.arange(ids.shape[1])[None] < torch.tensor(lens)[:, None]).long()
     out = target.model(ids, attention_mask=att, output_hidden_states=True)
-    feats = torch.cat([out.hidden_states[i + 1] for i in layer_ids], -1)  # [B, T, L*H]
-    last = out.last_hidden_state  # post-norm, what the LM head reads
-    lse = torch.logsumexp(target.lm_head(last).float(), -1)  # [B, T]
+    feats = torch.cat([out.hidden_states[i + 1] for i in layer_ids], -1).float()  # [B, T, L*H]
+    last = out.last_hidden_state.float()  # post-norm, what the LM head reads
+    # float32 LM head whatever the compute dtype: training recomputes these logits in float32.
+    lse = torch.logsumexp(last @ head.t(), -1)  # [B, T]
     if feats.abs().max() > FP16_MAX:
         log.warning("target features exceed the float16 range; clamping")
     for r, s in enumerate(seq_ids):
