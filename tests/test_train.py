@@ -181,3 +181,44 @@ def test_bfloat16_cache_matches_float32_and_resume_keeps_its_dtype(tiny_cache, t
     assert (lse_a - lse_b).abs().max() < 0.05
     with pytest.raises(ValueError, match="in bfloat16; .* in float32"):  # not silently mixed
         build_cache(root / "data", tmp_path / "bf16", str(root / "target"), layer_ids=[1, 2, 3])
+
+
+def test_an_interrupted_cache_build_resumes_to_the_same_cache(tiny_cache, tmp_path, monkeypatch):
+    from dspark_vllm.train import cache as cache_mod
+
+    root, args = tiny_cache, (tiny_cache / "data", str(tiny_cache / "target"))
+    straight = cache_mod.build_cache(args[0], tmp_path / "a", args[1], layer_ids=[1, 2, 3],
+                                     batch_tokens=128)
+    real, calls = cache_mod._encode_batch, []
+
+    def flaky(*a, **k):
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        calls.append(list(a[3]))
+        return real(*a, **k)
+
+    monkeypatch.setattr(cache_mod, "_encode_batch", flaky)
+    with pytest.raises(KeyboardInterrupt):
+        cache_mod.build_cache(args[0], tmp_path / "b", args[1], layer_ids=[1, 2, 3], batch_tokens=128)
+    partial = cache_mod.FeatureCache(tmp_path / "b")
+    assert 0 < partial.info.done < len(partial.info.prompt_lens)
+    assert len(partial) == 0  # shortest-first: not readable as 0..n-1 until complete
+    lens = np.diff(partial.info.offsets)
+    first = [s for c in calls for s in c]
+    assert list(lens[first]) == sorted(lens)[:len(first)]  # shortest first
+    monkeypatch.setattr(cache_mod, "_encode_batch", real)
+    resumed = cache_mod.build_cache(args[0], tmp_path / "b", args[1], layer_ids=[1, 2, 3],
+                                    batch_tokens=128)
+    assert len(resumed) == len(straight) == len(lens)
+    for name in ("feats", "last", "lse", "tokens"):
+        assert np.array_equal(getattr(resumed, name), getattr(straight, name)), name
+
+
+def test_caches_built_before_length_order_still_read_in_index_order():
+    from dspark_vllm.train.cache import CacheInfo
+
+    old = CacheInfo(target="t", layer_ids=[1], hidden_size=4, num_tokens=9, offsets=[0, 5, 7, 9],
+                    prompt_lens=[1, 1, 1], temperatures=[0.0] * 3, done=2)  # no order field
+    assert old.order == "index" and old.encode_order() == [0, 1, 2]
+    new = CacheInfo(**{**old.__dict__, "order": "length"})
+    assert new.encode_order() == [1, 2, 0]
