@@ -65,7 +65,8 @@ def _recipe(a: argparse.Namespace) -> None:
 
     cfg = RecipeConfig(out=a.out, target=a.target, variants=tuple(a.variants.split(",")),
                        num_prompts=a.num_prompts, epochs=a.epochs, quick=a.quick,
-                       data_fractions=tuple(float(x) for x in a.data_fractions.split(",")))
+                       data_fractions=tuple(float(x) for x in a.data_fractions.split(",")),
+                       batch_size=a.batch_size, markov_init=a.markov_init)
     print(json.dumps(run_recipe(cfg), indent=2))
 
 
@@ -158,6 +159,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--num-prompts", type=int, default=4500)
     s.add_argument("--epochs", type=float, default=4.0)
     s.add_argument("--quick", action="store_true", help="minutes-sized run (tests)")
+    s.add_argument("--batch-size", type=int, default=None, help="sequences per step (default 4)")
+    s.add_argument("--markov-init", default=None, choices=["zero", "bigram"],
+                   help="transition head start (default bigram)")
     s.set_defaults(fn=_recipe)
 
     s = sub.add_parser("eval-acceptance", help="offline acceptance length of a drafter")

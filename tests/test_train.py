@@ -152,7 +152,7 @@ def test_torchrun_two_processes_on_gloo(tiny_cache, tmp_path):
 def test_bigram_start_of_the_transition_head(tiny_cache, tmp_path):
     # The counting language: response token 50 + i is always followed by 50 + (i + 1) % 40.
     # Rank 48 holds all 40 successor rows (a permutation is full rank).
-    zero = Trainer(_cfg(tiny_cache, tmp_path / "zero", markov_rank=48))
+    zero = Trainer(_cfg(tiny_cache, tmp_path / "zero", markov_rank=48, markov_init="zero"))
     big = Trainer(_cfg(tiny_cache, tmp_path / "bigram", markov_rank=48, markov_init="bigram"))
     head = big.drafter.markov_head
     for i in range(40):
@@ -222,3 +222,8 @@ def test_caches_built_before_length_order_still_read_in_index_order():
     assert old.order == "index" and old.encode_order() == [0, 1, 2]
     new = CacheInfo(**{**old.__dict__, "order": "length"})
     assert new.encode_order() == [1, 2, 0]
+
+
+def test_an_unknown_transition_start_is_refused_by_name(tiny_cache, tmp_path):
+    with pytest.raises(ValueError, match="'Bigram'.*'zero' or 'bigram'"):
+        Trainer(_cfg(tiny_cache, tmp_path, markov_init="Bigram"))

@@ -36,6 +36,8 @@ class RecipeConfig:
     data_fractions: tuple[float, ...] = (1.0,)
     quick: bool = False
     cache_gb: float = 9.5
+    batch_size: int | None = None  # None: TrainConfig's default
+    markov_init: str | None = None  # None: TrainConfig's default
 
 
 def run_recipe(cfg: RecipeConfig) -> dict:
@@ -75,6 +77,9 @@ def run_recipe(cfg: RecipeConfig) -> dict:
                 continue
             tc = TrainConfig(cache=str(out / "cache"), out=str(out / run), target=target,
                              epochs=cfg.epochs, data_fraction=frac, **VARIANTS[name])
+            for k in ("batch_size", "markov_init"):
+                if getattr(cfg, k) is not None:
+                    tc = replace(tc, **{k: getattr(cfg, k)})
             if cfg.quick:
                 tc = replace(tc, epochs=1.0, batch_size=4, anchors=8, log_every=2, save_every=5)
             drafter = train(tc)
