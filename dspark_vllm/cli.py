@@ -30,7 +30,7 @@ def _build_cache(a: argparse.Namespace) -> None:
     target = str(resolve_target(a.target))
     layers = a.layers or default_target_layer_ids(
         load_target(target, tokenizer=False)[0].config.num_hidden_layers, 5)
-    c = build_cache(a.data, a.out, target, layers, max_gb=a.max_gb, dtype=a.dtype)
+    c = build_cache(a.data, a.out, target, layers, max_gb=a.max_gb, dtype=a.dtype, limit=a.limit)
     print(f"{c.root}: {len(c)} sequences, {c.info.offsets[len(c)]} tokens, layers {layers}")
 
 
@@ -123,6 +123,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--target", default="default")
     s.add_argument("--layers", type=lambda x: [int(i) for i in x.split(",")], default=None)
     s.add_argument("--max-gb", type=float, default=9.5)
+    s.add_argument("--limit", type=int, default=None, help="first N sequences only (a trial run)")
     s.add_argument("--dtype", default="float32", choices=["auto", "float32", "bfloat16"],
                    help="the target's compute dtype; auto = bfloat16 on CPUs with native bf16")
     s.set_defaults(fn=_build_cache)
