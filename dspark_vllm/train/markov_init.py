@@ -31,8 +31,9 @@ PAIR_COUNTS = 5.0
 # log(PRIOR_COUNTS / n), -6 and below, vetoing tokens that are merely rare.
 PMI_CLIP = 4.0
 # Previous tokens factored: the most frequent ones, each seen at least MIN_COUNT times. Bounds
-# the dense matrix at MAX_ROWS x draft vocabulary floats (256 MB at 8,192 x 8,192); the other
-# rows of W1 start at zero (no correction), as does every row when the data is empty.
+# the dense matrices at MAX_ROWS x draft vocabulary floats (256 MB each at 8,192 x 8,192, a
+# few alive at once); the other rows of W1 start at zero (no correction), as does every row
+# when the data is empty.
 MAX_ROWS = 8192
 MIN_COUNT = 3
 
@@ -62,16 +63,16 @@ def bigram_pmi(prev: np.ndarray, nxt_d: np.ndarray, rows: np.ndarray,
     row_of[rows] = np.arange(len(rows))
     r_idx = row_of[prev]
     sel = r_idx >= 0
-    counts = torch.zeros(len(rows), draft_vocab_size, dtype=torch.float64)
+    counts = torch.zeros(len(rows), draft_vocab_size)
     counts.index_put_((torch.from_numpy(r_idx[sel]), torch.from_numpy(nxt_d[sel])),
-                      torch.ones(int(sel.sum()), dtype=torch.float64), accumulate=True)
-    uni = torch.from_numpy(np.bincount(nxt_d, minlength=draft_vocab_size)).double()
+                      torch.ones(int(sel.sum())), accumulate=True)
+    uni = torch.from_numpy(np.bincount(nxt_d, minlength=draft_vocab_size)).float()
     uni = (uni + 1.0) / (uni.sum() + draft_vocab_size)  # add-one: never log(0)
     n = counts.sum(1, keepdim=True)
     cond = (counts + PRIOR_COUNTS * uni) / (n + PRIOR_COUNTS)
     pmi = (cond / uni).log().clamp(-PMI_CLIP, PMI_CLIP)
     pmi = torch.where(pmi > 0, pmi * counts / (counts + PAIR_COUNTS), pmi)
-    return (pmi - pmi.mean(1, keepdim=True)).float()
+    return pmi - pmi.mean(1, keepdim=True)
 
 
 def pmi_factors(prev: np.ndarray, nxt: np.ndarray, t2d: torch.Tensor | None, vocab_size: int,
