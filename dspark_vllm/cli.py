@@ -141,8 +141,8 @@ def build_parser() -> argparse.ArgumentParser:
                  ("draft-vocab-size", int), ("seed", int)):
         s.add_argument(f"--{k}", type=t, default=None)
     s.add_argument("--markov-init", default=None, choices=["zero", "bigram"],
-                   help="transition head start: zero (the parallel drafter) or the data's "
-                        "bigram PMI, rank-reduced (default: zero)")
+                   help="transition head start: the data's bigram PMI, rank-reduced "
+                        "(default), or zero (the parallel drafter)")
     s.set_defaults(fn=_train)
 
     s = sub.add_parser("calibrate", help="Sequential Temperature Scaling of the confidence head")

@@ -95,8 +95,9 @@ def build_cache(data_dir: str | Path, out: str | Path, target_path: str, layer_i
     """Run the target over make-data sequences (resumable; stops at `max_gb`), shortest
     first so that each padded batch wastes little (in the make-data order, padding to the
     batch's longest sequence cost 1.6x the real tokens on the training mix). `dtype`:
-    the target's compute dtype ("auto" = bfloat16 where the CPU has it natively); the
-    stored values and the log-normaliser's LM head are the same either way."""
+    the target's compute dtype ("auto" = bfloat16 where the CPU has it natively). Storage
+    formats are the same either way and the log-normaliser always uses the float32 LM head,
+    but bfloat16 moves the features and labels themselves (README), hence float32 by default."""
     from tqdm import tqdm
 
     from ..hardware import preferred_dtype
