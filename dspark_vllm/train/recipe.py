@@ -75,11 +75,10 @@ def run_recipe(cfg: RecipeConfig) -> dict:
                 results[run] = {"drafter": str(train_eagle(ec))}
                 timings[f"train_{run}_s"] = time.time() - t2
                 continue
+            overrides = {k: getattr(cfg, k) for k in ("batch_size", "markov_init")
+                         if getattr(cfg, k) is not None}
             tc = TrainConfig(cache=str(out / "cache"), out=str(out / run), target=target,
-                             epochs=cfg.epochs, data_fraction=frac, **VARIANTS[name])
-            for k in ("batch_size", "markov_init"):
-                if getattr(cfg, k) is not None:
-                    tc = replace(tc, **{k: getattr(cfg, k)})
+                             epochs=cfg.epochs, data_fraction=frac, **VARIANTS[name], **overrides)
             if cfg.quick:
                 tc = replace(tc, epochs=1.0, batch_size=4, anchors=8, log_every=2, save_every=5)
             drafter = train(tc)

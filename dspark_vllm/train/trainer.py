@@ -182,7 +182,9 @@ class Trainer:
         if vocab is not None:
             self.t2d = torch.full((dcfg.vocab_size,), -1, dtype=torch.long)
             self.t2d[vocab] = torch.arange(len(vocab))
-        if cfg.markov_init == "bigram" and self.drafter.markov_head is not None:
+        resuming = (self._state_dir() / "state.safetensors").is_file()
+        if (cfg.markov_init == "bigram" and self.drafter.markov_head is not None
+                and self.rank == 0 and not resuming):  # other ranks get it by the broadcast
             self._init_markov_from_bigrams()
         if self.ddp:  # every rank starts from rank 0's weights
             for p in self.drafter.parameters():
@@ -200,14 +202,15 @@ class Trainer:
     def _init_markov_from_bigrams(self) -> None:
         from .markov_init import pmi_factors, response_bigrams
 
-        head = self.drafter.markov_head
+        t0, head = time.time(), self.drafter.markov_head
         prev, nxt = response_bigrams(self.cache, self.seqs)
         w1, w2 = pmi_factors(prev, nxt, self.t2d, head.markov_w1.num_embeddings,
                              head.markov_w2.out_features, head.markov_w2.in_features, self.cfg.seed)
         with torch.no_grad():
             head.markov_w1.weight.copy_(w1)
             head.markov_w2.weight.copy_(w2)
-        log.info("transition head initialised from %d response bigrams", len(prev))
+        log.info("transition head initialised from %d response bigrams in %.1f s", len(prev),
+                 time.time() - t0)
 
     # ------------------------------------------------------------------ schedule
     def lr_at(self, step: int) -> float:
