@@ -214,6 +214,18 @@ def test_an_interrupted_cache_build_resumes_to_the_same_cache(tiny_cache, tmp_pa
         assert np.array_equal(getattr(resumed, name), getattr(straight, name)), name
 
 
+@pytest.mark.parametrize("kw,match", [({"limit": 0}, "limit=0: give a positive"),
+                                      ({"limit": -3}, "limit=-3: give a positive"),
+                                      ({"dtype": "float16"}, "dtype='float16': .*'float32', 'bfloat16' or 'auto'")])
+def test_build_cache_refuses_a_bad_limit_or_dtype_by_name(tiny_cache, tmp_path, kw, match):
+    from dspark_vllm.train.cache import build_cache
+
+    with pytest.raises(ValueError, match=match):
+        build_cache(tiny_cache / "data", tmp_path / "c", str(tiny_cache / "target"),
+                    layer_ids=[1, 2, 3], **kw)
+    assert not (tmp_path / "c").exists()  # refused before anything is written
+
+
 def test_caches_built_before_length_order_still_read_in_index_order():
     from dspark_vllm.train.cache import CacheInfo
 

@@ -104,6 +104,10 @@ def build_cache(data_dir: str | Path, out: str | Path, target_path: str, layer_i
     from ..target import load_target
     from .make_data import read_shards
 
+    if limit is not None and limit < 1:  # [:0] or [:-3] would silently drop sequences
+        raise ValueError(f"limit={limit}: give a positive number of sequences, or none for all")
+    if dtype not in ("auto", "float32", "bfloat16"):
+        raise ValueError(f"dtype={dtype!r}: the target runs in 'float32', 'bfloat16' or 'auto'")
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     index = out / "index.json"
