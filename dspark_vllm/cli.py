@@ -7,6 +7,8 @@ import json
 import logging
 import sys
 
+from .hardware import DTYPES
+
 
 def _prepare_target(a: argparse.Namespace) -> None:
     from .target import prepare_target
@@ -124,7 +126,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--layers", type=lambda x: [int(i) for i in x.split(",")], default=None)
     s.add_argument("--max-gb", type=float, default=9.5)
     s.add_argument("--limit", type=int, default=None, help="first N sequences only (a trial run)")
-    s.add_argument("--dtype", default="float32", choices=["auto", "float32", "bfloat16"],
+    s.add_argument("--dtype", default="float32", choices=DTYPES,
                    help="the target's compute dtype; auto = bfloat16 on CPUs with native bf16")
     s.set_defaults(fn=_build_cache)
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import functools
 from pathlib import Path
 
+DTYPES = ("auto", "float32", "bfloat16")  # what preferred_dtype accepts
+
 
 @functools.cache
 def cpu_has_native_bf16() -> bool:

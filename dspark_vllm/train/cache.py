@@ -100,13 +100,13 @@ def build_cache(data_dir: str | Path, out: str | Path, target_path: str, layer_i
     but bfloat16 moves the features and labels themselves (README), hence float32 by default."""
     from tqdm import tqdm
 
-    from ..hardware import preferred_dtype
+    from ..hardware import DTYPES, preferred_dtype
     from ..target import load_target
     from .make_data import read_shards
 
     if limit is not None and limit < 1:  # [:0] or [:-3] would silently drop sequences
         raise ValueError(f"limit={limit}: give a positive number of sequences, or none for all")
-    if dtype not in ("auto", "float32", "bfloat16"):
+    if dtype not in DTYPES:
         raise ValueError(f"dtype={dtype!r}: the target runs in 'float32', 'bfloat16' or 'auto'")
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
