@@ -91,6 +91,9 @@ EVAL_SETS = {"spec_bench": spec_bench, "gsm8k": gsm8k_heldout, "humaneval": huma
 
 def load_eval_set(name_or_path: str, limit: int | None = None, per_category: int | None = None,
                   seed: int = 0) -> list[dict]:
+    if name_or_path not in EVAL_SETS and not Path(name_or_path).is_file():
+        raise ValueError(f"evaluation set {name_or_path!r}: neither one of {sorted(EVAL_SETS)} "
+                         "nor a JSONL file of prompts")
     rows = EVAL_SETS[name_or_path]() if name_or_path in EVAL_SETS else read_prompt_file(name_or_path)
     if per_category:
         by_cat: dict[str, list[dict]] = {}

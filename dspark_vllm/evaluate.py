@@ -133,6 +133,7 @@ def load_pair(target_path: str, drafter_path: str, dtype: torch.dtype = torch.fl
     from pathlib import Path
 
     from .drafter.checkpoint import load_drafter
+    from .drafter.config import DrafterConfigError
     from .target import load_target
 
     target, tok = load_target(target_path, dtype=dtype)
@@ -140,7 +141,12 @@ def load_pair(target_path: str, drafter_path: str, dtype: torch.dtype = torch.fl
     if drafter_path == "random":
         return target, tok, DSparkAdapter(_random_drafter(target).to(dtype))
     cfg_path = Path(drafter_path) / "config.json"
-    archs = json.loads(cfg_path.read_text()).get("architectures", []) if cfg_path.is_file() else []
+    archs = []
+    if cfg_path.is_file():
+        try:
+            archs = json.loads(cfg_path.read_text()).get("architectures", [])
+        except (json.JSONDecodeError, AttributeError) as e:
+            raise DrafterConfigError(f"{cfg_path}: not a valid drafter config ({e})") from None
     if "LlamaForCausalLM" in archs:
         from safetensors.torch import load_file
 

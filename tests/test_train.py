@@ -239,3 +239,44 @@ def test_caches_built_before_length_order_still_read_in_index_order():
 def test_an_unknown_transition_start_is_refused_by_name(tiny_cache, tmp_path):
     with pytest.raises(ValueError, match="'Bigram'.*'zero' or 'bigram'"):
         Trainer(_cfg(tiny_cache, tmp_path, markov_init="Bigram"))
+
+
+@pytest.mark.parametrize("kw, match", [
+    (dict(epochs=-1), r"epochs=-1: must be > 0"),  # used to train one step
+    (dict(data_fraction=2.0), r"data_fraction=2.0: must be in \(0, 1\]"),  # IndexError
+    (dict(batch_size=0, lr=0.0), r"lr=0.0: must be > 0; batch_size=0"),
+    (dict(max_steps=0), r"max_steps=0"),
+    (dict(markov_rank=-1), r"markov_rank=-1"),
+])
+def test_train_settings_are_refused_by_name_before_loading(kw, match, tmp_path):
+    TrainConfig(cache="c", out="o").validate()  # the defaults are valid
+    with pytest.raises(ValueError, match=match):
+        Trainer(TrainConfig(cache=str(tmp_path / "absent"), out=str(tmp_path / "o"), **kw))
+
+
+def test_a_directory_that_is_not_a_cache_is_named(tmp_path):
+    from dspark_vllm.train.cache import FeatureCache
+
+    with pytest.raises(FileNotFoundError, match=r"index.json: missing.*dspark build-cache"):
+        FeatureCache(tmp_path)
+    (tmp_path / "index.json").write_text('{"layers": 1}')
+    with pytest.raises(ValueError, match=r"not a feature-cache index"):
+        FeatureCache(tmp_path)
+
+
+def test_recipe_refuses_bad_settings_before_generating(tmp_path):
+    from dspark_vllm.train.recipe import RecipeConfig, run_recipe
+
+    for kw, match in ((dict(variants=("dspark-2l", "dspark-9l")), r"\['dspark-9l'\]: choose"),
+                      (dict(data_fractions=(0.5, 0.0)), r"data_fraction=0.0"),
+                      (dict(num_prompts=0), r"num_prompts=0")):
+        with pytest.raises(ValueError, match=match):
+            run_recipe(RecipeConfig(out=str(tmp_path / "r"), **kw))
+    assert not (tmp_path / "r").exists()
+
+
+def test_an_unknown_evaluation_set_lists_the_known_ones():
+    from dspark_vllm.datasets import load_eval_set
+
+    with pytest.raises(ValueError, match=r"'gsm8kk'.*\['gsm8k', 'humaneval', 'spec_bench'\]"):
+        load_eval_set("gsm8kk")

@@ -52,7 +52,15 @@ class FeatureCache:
 
     def __init__(self, root: str | Path, mode: str = "r") -> None:
         self.root = Path(root)
-        self.info = CacheInfo(**json.loads((self.root / "index.json").read_text()))
+        index = self.root / "index.json"
+        if not index.is_file():
+            raise FileNotFoundError(f"{index}: missing, so {root} is not a feature cache "
+                                    "(build one with `dspark build-cache`)")
+        try:
+            self.info = CacheInfo(**json.loads(index.read_text()))
+        except (json.JSONDecodeError, TypeError) as e:
+            raise ValueError(f"{index}: not a feature-cache index ({e}); rebuild it with "
+                             "`dspark build-cache` into a new --out") from None
         n, i = self.info.num_tokens, self.info
 
         def mm(name, dtype, shape):

@@ -48,6 +48,20 @@ def run_recipe(cfg: RecipeConfig) -> dict:
     from .make_data import MakeDataConfig, make_data
     from .trainer import train
 
+    # Refuse bad settings now, not after hours of data generation and caching.
+    for k in ("num_prompts", "max_new_tokens"):
+        if getattr(cfg, k) < 1:
+            raise ValueError(f"{k}={getattr(cfg, k)}: must be a positive integer")
+    unknown = [v for v in cfg.variants if v not in VARIANTS]
+    if unknown:
+        raise ValueError(f"variants {unknown}: choose from {list(VARIANTS)}")
+    if not cfg.cache_gb > 0:
+        raise ValueError(f"cache_gb={cfg.cache_gb}: must be > 0")
+    overrides = {k: getattr(cfg, k) for k in ("batch_size", "markov_init")
+                 if getattr(cfg, k) is not None}
+    for frac in cfg.data_fractions:
+        TrainConfig(cache="", out="", epochs=cfg.epochs, data_fraction=frac,
+                    **overrides).validate()
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     target = str(resolve_target(cfg.target))
@@ -75,8 +89,6 @@ def run_recipe(cfg: RecipeConfig) -> dict:
                 results[run] = {"drafter": str(train_eagle(ec))}
                 timings[f"train_{run}_s"] = time.time() - t2
                 continue
-            overrides = {k: getattr(cfg, k) for k in ("batch_size", "markov_init")
-                         if getattr(cfg, k) is not None}
             tc = TrainConfig(cache=str(out / "cache"), out=str(out / run), target=target,
                              epochs=cfg.epochs, data_fraction=frac, **VARIANTS[name], **overrides)
             if cfg.quick:

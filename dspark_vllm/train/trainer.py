@@ -61,6 +61,35 @@ class TrainConfig:
     save_every: int = 200
     max_steps: int | None = None  # stop early (tests); the schedule still spans all epochs
 
+    def validate(self) -> None:
+        """Refuse, by name, a setting that would train nothing or crash mid-run (a negative
+        --epochs used to train one step; --data-fraction 2 ended in an IndexError)."""
+        bad = []
+        if not self.epochs > 0:
+            bad.append(f"epochs={self.epochs}: must be > 0")
+        if not 0 < self.data_fraction <= 1:
+            bad.append(f"data_fraction={self.data_fraction}: must be in (0, 1]")
+        if not 0 <= self.heldout < 1:
+            bad.append(f"heldout={self.heldout}: must be in [0, 1)")
+        if not self.lr > 0:
+            bad.append(f"lr={self.lr}: must be > 0")
+        if not 0 <= self.warmup < 1:
+            bad.append(f"warmup={self.warmup}: a fraction of the steps in [0, 1)")
+        for name in ("batch_size", "anchors", "num_layers", "block_size"):
+            if getattr(self, name) < 1:
+                bad.append(f"{name}={getattr(self, name)}: must be a positive integer")
+        if self.markov_rank < 0:
+            bad.append(f"markov_rank={self.markov_rank}: 0 (purely parallel) or a positive rank")
+        if self.max_steps is not None and self.max_steps < 1:
+            bad.append(f"max_steps={self.max_steps}: a positive number of steps, or none")
+        if self.draft_vocab_size is not None and self.draft_vocab_size < 1:
+            bad.append(f"draft_vocab_size={self.draft_vocab_size}: a positive size, or none "
+                       "for the full vocabulary")
+        if self.markov_init not in ("zero", "bigram"):
+            bad.append(f"markov_init={self.markov_init!r}: use 'zero' or 'bigram'")
+        if bad:
+            raise ValueError("; ".join(bad))
+
 
 def train_split(cache: FeatureCache, heldout: float) -> range:
     n = len(cache)
@@ -150,8 +179,7 @@ class Trainer:
     def __init__(self, cfg: TrainConfig) -> None:
         from ..target import load_target
 
-        if cfg.markov_init not in ("zero", "bigram"):
-            raise ValueError(f"markov_init {cfg.markov_init!r}: use 'zero' or 'bigram'")
+        cfg.validate()
         self.cfg = cfg
         self.ddp = dist.is_available() and "WORLD_SIZE" in os.environ and int(os.environ["WORLD_SIZE"]) > 1
         if self.ddp and not dist.is_initialized():
