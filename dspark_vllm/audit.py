@@ -70,6 +70,8 @@ def run(policy, n: int = 200_000, seed: int = 0) -> dict:
 
 
 def audit(n: int = 200_000, seed: int = 0) -> dict:
+    if n < 1:
+        raise ValueError(f"samples={n}: the audit needs at least one sample per policy")
     return {"target": P_TARGET, "shipped": run(shipped_policy, n, seed),
             "peeking": run(peeking_policy, n, seed)}
 

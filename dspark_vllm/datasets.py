@@ -91,6 +91,9 @@ EVAL_SETS = {"spec_bench": spec_bench, "gsm8k": gsm8k_heldout, "humaneval": huma
 
 def load_eval_set(name_or_path: str, limit: int | None = None, per_category: int | None = None,
                   seed: int = 0) -> list[dict]:
+    for k, v in (("limit", limit), ("per_category", per_category)):
+        if v is not None and v < 1:  # rows[:-1] would silently drop the last prompt
+            raise ValueError(f"{k}={v}: a positive number of prompts, or none for all")
     if name_or_path not in EVAL_SETS and not Path(name_or_path).is_file():
         raise ValueError(f"evaluation set {name_or_path!r}: neither one of {sorted(EVAL_SETS)} "
                          "nor a JSONL file of prompts")

@@ -163,13 +163,17 @@ def load_pair(target_path: str, drafter_path: str, dtype: torch.dtype = torch.fl
 def evaluate(cfg: EvalConfig) -> dict:
     from tqdm import tqdm
 
+    if cfg.max_new_tokens < 1 or cfg.temperature < 0:
+        raise ValueError(f"max_new_tokens={cfg.max_new_tokens}, temperature={cfg.temperature}: "
+                         "need max_new_tokens >= 1 and temperature >= 0")
+    # A bad --data, --limit or --per-category is named before the models load.
+    prompts = load_eval_set(cfg.data, limit=cfg.limit, per_category=cfg.per_category, seed=cfg.seed)
     dtype = getattr(torch, cfg.dtype)
     target, tok, adapter = load_pair(cfg.target, cfg.drafter, dtype)
     block = cfg.block_size or adapter.block
     if not 1 <= block <= adapter.block:
         raise ValueError(f"--block-size {block}: must be in 1..{adapter.block} "
                          "(the drafter's trained block)")
-    prompts = load_eval_set(cfg.data, limit=cfg.limit, per_category=cfg.per_category, seed=cfg.seed)
     gen_eos = getattr(target.generation_config, "eos_token_id", None)
     eos = {tok.eos_token_id} | set(gen_eos if isinstance(gen_eos, list) else [gen_eos])
     gen = torch.Generator().manual_seed(cfg.seed)

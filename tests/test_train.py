@@ -280,3 +280,24 @@ def test_an_unknown_evaluation_set_lists_the_known_ones():
 
     with pytest.raises(ValueError, match=r"'gsm8kk'.*\['gsm8k', 'humaneval', 'spec_bench'\]"):
         load_eval_set("gsm8kk")
+
+
+def test_counts_below_one_are_refused_by_name():
+    from dspark_vllm.audit import audit
+    from dspark_vllm.datasets import load_eval_set
+
+    with pytest.raises(ValueError, match=r"limit=-1: a positive number"):
+        load_eval_set("gsm8k", limit=-1)  # rows[:-1] used to drop the last prompt silently
+    with pytest.raises(ValueError, match=r"samples=0"):
+        audit(n=0)  # was a ZeroDivisionError
+
+
+def test_make_data_refuses_bad_settings_before_writing(tmp_path):
+    from dspark_vllm.train.make_data import MakeDataConfig, make_data
+
+    MakeDataConfig(out_dir="x").validate()  # the defaults are valid
+    for kw, match in ((dict(num_prompts=0), r"num_prompts=0: must be a positive integer"),
+                      (dict(greedy_fraction=1.5, dtype="fp8"), r"greedy_fraction=1.5.*'fp8'")):
+        with pytest.raises(ValueError, match=match):
+            make_data(MakeDataConfig(out_dir=str(tmp_path / "d"), **kw))
+    assert not (tmp_path / "d").exists()

@@ -93,7 +93,7 @@ class FeatureCache:
         missing = [i for i in layer_ids if i not in self.info.layer_ids]
         if missing:
             raise ValueError(f"cache {self.root} holds target layers {self.info.layer_ids}; "
-                             f"the drafter needs {missing} too (rebuild with --cache-layers)")
+                             f"the drafter needs {missing} too (rebuild with build-cache --layers)")
         return [self.info.layer_ids.index(i) for i in layer_ids]
 
 

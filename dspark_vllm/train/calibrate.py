@@ -123,6 +123,8 @@ def collect_greedy(drafter: DSparkDrafter, cache, seqs, cols, t2d, max_blocks: i
 def calibrate(drafter_dir: str | Path, cache_dir: str | Path, target: str = "default",
               heldout: float = 0.05, max_blocks: int = 4000) -> dict:
     """Fit STS on held-out cache data; write the temperatures into the drafter's config."""
+    if max_blocks < 1:
+        raise ValueError(f"max_blocks={max_blocks}: calibration needs at least one block")
     from ..drafter.checkpoint import load_drafter
     from ..target import load_target
     from .cache import FeatureCache

@@ -35,6 +35,22 @@ class MakeDataConfig:
     """vLLM dtype; auto = bfloat16 where the CPU has native bf16 (AMX/AVX512-BF16), else float32."""
 
 
+    def validate(self) -> None:
+        from ..hardware import DTYPES
+
+        bad = [f"{k}={getattr(self, k)}: must be a positive integer"
+               for k in ("num_prompts", "max_new_tokens", "max_prompt_tokens", "shard_size")
+               if getattr(self, k) < 1]
+        if not 0 <= self.greedy_fraction <= 1:
+            bad.append(f"greedy_fraction={self.greedy_fraction}: a share in [0, 1]")
+        if not self.sample_temperature > 0:
+            bad.append(f"sample_temperature={self.sample_temperature}: must be > 0")
+        if self.dtype not in DTYPES:
+            bad.append(f"dtype={self.dtype!r}: one of {list(DTYPES)}")
+        if bad:
+            raise ValueError("; ".join(bad))
+
+
 def shard_path(out: Path, i: int) -> Path:
     return out / f"shard-{i:05d}.npz"
 
@@ -71,6 +87,7 @@ def make_data(cfg: MakeDataConfig) -> Path:
     from ..hardware import preferred_dtype
     from ..target import resolve_target
 
+    cfg.validate()  # before anything is written
     out = Path(cfg.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     target = resolve_target(cfg.target)
