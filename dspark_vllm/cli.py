@@ -50,7 +50,7 @@ def _train(a: argparse.Namespace) -> None:
     cfg = TrainConfig(cache=a.cache, out=a.out, target=a.target, epochs=a.epochs,
                       data_fraction=a.data_fraction, **VARIANTS[a.variant])
     for k in ("num_layers", "markov_rank", "block_size", "lr", "batch_size", "anchors",
-              "max_steps", "draft_vocab_size", "markov_init", "seed"):
+              "max_steps", "draft_vocab_size", "mask_token_id", "markov_init", "seed"):
         if getattr(a, k) is not None:
             setattr(cfg, k, getattr(a, k))
     print(train(cfg))
@@ -140,7 +140,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--data-fraction", type=float, default=1.0)
     for k, t in (("num-layers", int), ("markov-rank", int), ("block-size", int), ("lr", float),
                  ("batch-size", int), ("anchors", int), ("max-steps", int),
-                 ("draft-vocab-size", int), ("seed", int)):
+                 ("draft-vocab-size", int), ("mask-token-id", int), ("seed", int)):
         s.add_argument(f"--{k}", type=t, default=None)
     s.add_argument("--markov-init", default=None, choices=["zero", "bigram"],
                    help="transition head start: the data's bigram PMI, rank-reduced "

@@ -301,3 +301,62 @@ def test_make_data_refuses_bad_settings_before_writing(tmp_path):
         with pytest.raises(ValueError, match=match):
             make_data(MakeDataConfig(out_dir=str(tmp_path / "d"), **kw))
     assert not (tmp_path / "d").exists()
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "qwen3"])
+def test_any_causal_lm_trains_and_decodes_exactly(arch, tmp_path):
+    """Not only Llama-shaped targets: GPT-2 names its stack `transformer` and its sizes
+    n_inner / layer_norm_epsilon / n_positions. Cache, a few steps, then the trained
+    drafter's greedy speculative decoding equals the target's greedy output."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from dspark_vllm.drafter.checkpoint import load_drafter
+    from dspark_vllm.evaluate import DSparkAdapter, SpecDecoder
+    from dspark_vllm.train.cache import build_cache
+    from dspark_vllm.train.make_data import _write_shard
+
+    if arch == "gpt2":
+        cfg = AutoConfig.for_model("gpt2", vocab_size=96, n_embd=64, n_layer=6, n_head=4)
+    else:
+        cfg = AutoConfig.for_model(arch, vocab_size=96, hidden_size=64, intermediate_size=128,
+                                   num_hidden_layers=6, num_attention_heads=4,
+                                   num_key_value_heads=2, head_dim=16, tie_word_embeddings=True)
+    torch.manual_seed(0)
+    target = AutoModelForCausalLM.from_config(cfg).eval()
+    target.save_pretrained(tmp_path / "target")
+    rng = np.random.default_rng(0)
+    seqs = [np.concatenate([rng.integers(4, 90, size=6), (s + np.arange(20)) % 40 + 50])
+            .astype(np.int32) for s in rng.integers(0, 40, size=16)]
+    (tmp_path / "data").mkdir()
+    _write_shard(tmp_path / "data" / "shard-00000.npz", seqs, [6] * 16, [{}] * 16)
+    build_cache(tmp_path / "data", tmp_path / "cache", str(tmp_path / "target"), layer_ids=[1, 2, 3])
+    out = Trainer(TrainConfig(cache=str(tmp_path / "cache"), out=str(tmp_path / "o"),
+                              target=str(tmp_path / "target"), num_layers=1, block_size=4,
+                              markov_rank=8, draft_vocab_size=48, mask_token_id=3,
+                              num_target_features=3, batch_size=4, anchors=4, max_steps=3)).train()
+    emb, head = target.get_input_embeddings().weight, target.get_output_embeddings().weight
+    drafter = load_drafter(out, emb, head, target_num_layers=6).eval()
+    dec = SpecDecoder(target, DSparkAdapter(drafter), set(), 0.0, 4, torch.Generator().manual_seed(0))
+    prompt = [5, 17, 33, 8, 60, 21]
+    r = dec.generate(prompt, 24)
+    ref = target.generate(torch.tensor([prompt]), max_new_tokens=24, do_sample=False,
+                          pad_token_id=0, eos_token_id=None)[0, len(prompt):].tolist()
+    assert r["tokens"] == ref
+
+
+def test_the_mask_token_is_an_unused_special_token_of_the_tokenizer(tiny_cache, tmp_path):
+    from transformers import AddedToken, PreTrainedTokenizerFast
+    from tokenizers import Tokenizer, models
+
+    from dspark_vllm.train.cache import FeatureCache
+    from dspark_vllm.train.trainer import pick_mask_token
+
+    vocab = {f"t{i}": i for i in range(96)}
+    tok = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel(vocab, unk_token="t0")),
+                                  bos_token="t1", eos_token="t2", pad_token="t2")
+    tok.add_tokens([AddedToken(f"t{i}", special=True) for i in (3, 4, 60)])
+    tok.save_pretrained(tmp_path / "tok")
+    (tmp_path / "tok" / "config.json").write_text((tiny_cache / "target" / "config.json").read_text())
+    cache = FeatureCache(tiny_cache / "cache")
+    # 60 occurs in the counting responses (tokens 50..89), so 4 is the highest unused one.
+    assert pick_mask_token(str(tmp_path / "tok"), cache, list(range(len(cache)))) == 4

@@ -215,18 +215,27 @@ def drafter_config_for_target(target_cfg: Any, *, num_layers: int = 2, block_siz
                               markov_rank: int = 64, draft_vocab_size: int | None = None,
                               mask_token_id: int, num_target_features: int = 5,
                               enable_confidence_head: bool = True) -> DSparkDrafterConfig:
-    """A drafter shaped like the target's own layers (HF config of the target)."""
+    """A drafter shaped like the target's own layers (HF config of the target). Configs
+    without Llama's field names (GPT-2's n_inner, layer_norm_epsilon, n_positions) get the
+    nearest equivalent: the drafter is its own Qwen3-style stack either way."""
     heads = target_cfg.num_attention_heads
+
+    def first(*names, default):
+        return next((getattr(target_cfg, n) for n in names
+                     if getattr(target_cfg, n, None) is not None), default)
     return DSparkDrafterConfig(
         hidden_size=target_cfg.hidden_size,
-        intermediate_size=target_cfg.intermediate_size,
+        intermediate_size=first("intermediate_size", "n_inner",
+                                default=4 * target_cfg.hidden_size),
         num_hidden_layers=num_layers,
         num_attention_heads=heads,
         num_key_value_heads=getattr(target_cfg, "num_key_value_heads", heads),
         head_dim=getattr(target_cfg, "head_dim", None) or target_cfg.hidden_size // heads,
         vocab_size=target_cfg.vocab_size,
-        rms_norm_eps=target_cfg.rms_norm_eps,
-        max_position_embeddings=target_cfg.max_position_embeddings,
+        rms_norm_eps=first("rms_norm_eps", "layer_norm_epsilon", "layer_norm_eps",
+                           default=1e-6),
+        max_position_embeddings=first("max_position_embeddings", "n_positions",
+                                      default=4096),
         rope_theta=(getattr(target_cfg, "rope_parameters", None) or {}).get(
             "rope_theta", getattr(target_cfg, "rope_theta", 10000.0)),
         block_size=block_size,

@@ -121,7 +121,7 @@ def build_cache(data_dir: str | Path, out: str | Path, target_path: str, layer_i
     index = out / "index.json"
     dtype = preferred_dtype(dtype)
     target, _ = load_target(target_path, dtype=torch.float32, tokenizer=False)
-    head = target.lm_head.weight.detach().clone()  # [V, H] float32, as training reads it
+    head = target.get_output_embeddings().weight.detach().clone()  # [V, H] float32, as training reads it
     target.to(getattr(torch, dtype))
     h = target.config.hidden_size
     if not index.is_file():
@@ -193,7 +193,9 @@ def _encode_batch(target, head: torch.Tensor, cache: FeatureCache, seq_ids: list
     for r, s in enumerate(seq_ids):
         ids[r, :lens[r]] = torch.from_numpy(np.asarray(cache.tokens[offs[s]:offs[s + 1]], dtype=np.int64))
     att = (torch.arange(ids.shape[1])[None] < torch.tensor(lens)[:, None]).long()
-    out = target.model(ids, attention_mask=att, output_hidden_states=True)
+    # base_model: the decoder stack under any causal-LM head (`model` for Llama/Qwen,
+    # `transformer` for GPT-2, ...); its last_hidden_state is post-norm, what the head reads.
+    out = target.base_model(ids, attention_mask=att, output_hidden_states=True)
     feats = torch.cat([out.hidden_states[i + 1] for i in layer_ids], -1).float()  # [B, T, L*H]
     last = out.last_hidden_state.float()  # post-norm, what the LM head reads
     # float32 LM head whatever the compute dtype: training recomputes these logits in float32.

@@ -12,7 +12,7 @@ import logging
 import math
 import os
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -41,7 +41,8 @@ class TrainConfig:
     # "zero": it starts as the parallel drafter. Bigram led on both seeds tried (README).
     markov_init: str = "bigram"
     draft_vocab_size: int | None = 8192
-    mask_token_id: int = 16  # SmolLM2's <empty_output>: never generated in chat
+    # The mask slots' input token; None: pick_mask_token (SmolLM2: 16, <empty_output>).
+    mask_token_id: int | None = None
     confidence_head: bool = True
     num_target_features: int = 5
     epochs: float = 4.0
@@ -85,6 +86,8 @@ class TrainConfig:
         if self.draft_vocab_size is not None and self.draft_vocab_size < 1:
             bad.append(f"draft_vocab_size={self.draft_vocab_size}: a positive size, or none "
                        "for the full vocabulary")
+        if self.mask_token_id is not None and self.mask_token_id < 0:
+            bad.append(f"mask_token_id={self.mask_token_id}: a token id, or none to pick one")
         if self.markov_init not in ("zero", "bigram"):
             bad.append(f"markov_init={self.markov_init!r}: use 'zero' or 'bigram'")
         if bad:
@@ -98,6 +101,33 @@ def train_split(cache: FeatureCache, heldout: float) -> range:
 
 def heldout_split(cache: FeatureCache, heldout: float) -> range:
     return range(train_split(cache, heldout).stop, len(cache))
+
+
+def pick_mask_token(target: str, cache: FeatureCache, seqs: list[int]) -> int:
+    """The target tokenizer's highest-id added special token that is not BOS/EOS/PAD and
+    never occurs in the training responses (SmolLM2-135M-Instruct: 16, <empty_output>),
+    so a mask slot's input can never be mistaken for a drafted token."""
+    from transformers import AutoTokenizer
+
+    from ..target import resolve_target
+
+    try:
+        tok = AutoTokenizer.from_pretrained(str(resolve_target(target)))
+    except (OSError, ValueError) as e:
+        raise ValueError(f"target {target}: no tokenizer to pick the mask token from ({e}); "
+                         "give --mask-token-id") from None
+    seen = set()
+    for i in seqs:
+        a, b = cache.info.offsets[i], cache.info.offsets[i + 1]
+        seen.update(np.unique(cache.tokens[a + cache.info.prompt_lens[i]:b]).tolist())
+    skip = seen | {tok.bos_token_id, tok.eos_token_id, tok.pad_token_id}
+    added = tok.added_tokens_decoder  # id -> AddedToken
+    for special in (True, False):
+        ids = [i for i, t in added.items() if t.special == special and i not in skip]
+        if ids:
+            return max(ids)
+    raise ValueError(f"target {target}: every added token is BOS/EOS/PAD or occurs in the "
+                     "responses; give --mask-token-id (a token the target never generates)")
 
 
 def build_draft_vocab(cache: FeatureCache, seqs: list[int], size: int,
@@ -192,6 +222,10 @@ class Trainer:
         self.seqs = list(range(int(math.ceil(len(train_split(self.cache, cfg.heldout))
                                             * cfg.data_fraction))))
         emb, head = target.get_input_embeddings().weight, target.get_output_embeddings().weight
+        if cfg.mask_token_id is None:
+            cfg = self.cfg = replace(cfg, mask_token_id=pick_mask_token(cfg.target, self.cache,
+                                                                        self.seqs))
+            log.info("mask token %d (the tokenizer's unused special token)", cfg.mask_token_id)
         vocab, d2t = None, None
         if cfg.draft_vocab_size:
             vocab, cov = build_draft_vocab(self.cache, self.seqs, cfg.draft_vocab_size,
