@@ -38,6 +38,25 @@ def supported_range() -> str:
     return f">={a}.{b},<{c}.{d}"
 
 
+def _check_target_exposes_layers(mc) -> None:
+    """vLLM hands a target's inner layers to a drafter only for models implementing its
+    SupportsEagle3 interface (Llama, Qwen2/3, Mistral, Granite, ...); for any other it fails
+    while loading, with a message that names neither the target nor what would work."""
+    from vllm.model_executor.models import ModelRegistry
+    from vllm.model_executor.models.interfaces import supports_eagle3
+
+    try:
+        cls, arch = ModelRegistry.resolve_model_cls(mc.architectures, mc)
+    except Exception:  # an architecture vLLM cannot serve: vLLM says so itself
+        return
+    if not supports_eagle3(cls):
+        raise DSparkConfigError(
+            f"target {mc.model!r} ({arch}): vLLM cannot pass this architecture's inner layers "
+            "to a drafter (its model class does not implement SupportsEagle3), so DSpark "
+            "cannot serve it; Llama, Qwen2/Qwen3, Mistral and the other EAGLE-3-capable "
+            "families can. Training and `dspark eval-acceptance` work for any causal LM.")
+
+
 @dataclass
 class DSparkServeConfig:
     drafter_dir: Path
@@ -60,6 +79,7 @@ class DSparkServeConfig:
             raise DSparkConfigError(
                 f"{where} model={str(model)!r}: not a local drafter directory (a "
                 "Qwen3DSparkModel checkpoint: config.json + *.safetensors)")
+        _check_target_exposes_layers(vc.model_config)  # before any drafter-vs-target check
         try:
             dcfg = DSparkDrafterConfig.load(path)
             t = vc.model_config.hf_config

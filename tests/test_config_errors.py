@@ -129,3 +129,14 @@ def test_vllm_serve_command_reports_the_bad_value(target, good):
                        capture_output=True, text=True, timeout=300)
     assert r.returncode != 0
     assert "num_speculative_tokens=12" in r.stdout + r.stderr
+
+
+def test_a_target_vllm_cannot_take_layers_from_is_named(good, tmp_path):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    GPT2LMHeadModel(GPT2Config(vocab_size=96, n_embd=64, n_layer=2, n_head=4,
+                               n_positions=512)).save_pretrained(tmp_path)
+    _refused(str(tmp_path), {"method": "dspark", "model": good, "num_speculative_tokens": 3},
+             "(GPT2LMHeadModel): vLLM cannot pass this architecture's inner layers",
+             skip_tokenizer_init=True)
