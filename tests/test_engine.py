@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import collections
 import json
+import subprocess
+import sys
 import urllib.request
+from pathlib import Path
 
 import pytest
 from scipy.stats import chi2_contingency
@@ -338,3 +341,14 @@ def test_status_view_and_metrics(adaptive):
     board = (files("dspark_vllm") / "dashboards" / "dspark-grafana.json").read_text()
     for name in set(re.findall(r"dspark_[a-z_]+", board)):
         assert name in text, f"dashboard plots {name}, not on /metrics"
+
+
+def test_a_qwen3_target_serves_with_dspark(tmp_path):
+    """Not only the Llama-shaped bundled target: a tiny random Qwen3 target with a random
+    DSpark drafter drafts, and its greedy outputs equal plain decoding's."""
+    r = subprocess.run([sys.executable, "-m", "tests.qwen3_target_check", str(tmp_path)],
+                       capture_output=True, text=True, timeout=900,
+                       cwd=Path(__file__).resolve().parent.parent)
+    lines = r.stdout.strip().splitlines()
+    assert r.returncode == 0 and lines[-2] == "IDENTICAL", (r.stdout[-2000:], r.stderr[-3000:])
+    assert int(lines[-1].split()[1]) > 0  # drafts were proposed and verified
