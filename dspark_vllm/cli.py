@@ -32,7 +32,8 @@ def _build_cache(a: argparse.Namespace) -> None:
     target = str(resolve_target(a.target))
     layers = a.layers or default_target_layer_ids(
         load_target(target, tokenizer=False)[0].config.num_hidden_layers, 5)
-    c = build_cache(a.data, a.out, target, layers, max_gb=a.max_gb, dtype=a.dtype, limit=a.limit)
+    c = build_cache(a.data, a.out, target, layers, max_gb=a.max_gb, dtype=a.dtype, limit=a.limit,
+                    feat_dtype=a.feature_dtype)
     print(f"{c.root}: {len(c)} sequences, {c.info.offsets[len(c)]} tokens, layers {layers}")
 
 
@@ -128,6 +129,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--limit", type=int, default=None, help="first N sequences only (a trial run)")
     s.add_argument("--dtype", default="float32", choices=DTYPES,
                    help="the target's compute dtype; auto = bfloat16 on CPUs with native bf16")
+    s.add_argument("--feature-dtype", default="float16", choices=["float16", "float8"],
+                   help="storage of the drafter's input features (float8 halves their disk)")
     s.set_defaults(fn=_build_cache)
 
     s = sub.add_parser("train", help="distil a drafter from a feature cache")

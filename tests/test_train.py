@@ -179,7 +179,7 @@ def test_bfloat16_cache_matches_float32_and_resume_keeps_its_dtype(tiny_cache, t
     assert 0 < rel < 0.02, rel  # bfloat16 rounding, nothing more
     lse_a, lse_b = torch.from_numpy(np.asarray(a.lse)), torch.from_numpy(np.asarray(b.lse))
     assert (lse_a - lse_b).abs().max() < 0.05
-    with pytest.raises(ValueError, match="in bfloat16; .* in float32"):  # not silently mixed
+    with pytest.raises(ValueError, match="in bfloat16, .* in float32"):  # not silently mixed
         build_cache(root / "data", tmp_path / "bf16", str(root / "target"), layer_ids=[1, 2, 3])
 
 
@@ -360,3 +360,22 @@ def test_the_mask_token_is_an_unused_special_token_of_the_tokenizer(tiny_cache, 
     cache = FeatureCache(tiny_cache / "cache")
     # 60 occurs in the counting responses (tokens 50..89), so 4 is the highest unused one.
     assert pick_mask_token(str(tmp_path / "tok"), cache, list(range(len(cache)))) == 4
+
+
+def test_float8_features_are_half_the_disk_and_close_to_float16(tiny_cache, tmp_path):
+    from dspark_vllm.train.cache import FeatureCache, build_cache
+
+    c8 = build_cache(tiny_cache / "data", tmp_path / "c8", str(tiny_cache / "target"),
+                     layer_ids=[1, 2, 3], feat_dtype="float8")
+    c16 = FeatureCache(tiny_cache / "cache")
+    n = c16.info.num_tokens
+    f16, f8 = c16.read_feats(0, n).view(n, 3, -1), c8.read_feats(0, n).view(n, 3, -1)
+    rel = ((f8 - f16).norm(dim=-1) / f16.norm(dim=-1)).max()
+    assert 0 < rel < 0.06, rel  # e4m3 keeps 3 mantissa bits: ~2% per token and layer
+    assert (tmp_path / "c8" / "feats.f8").stat().st_size * 2 == (tiny_cache / "cache" / "feats.f16").stat().st_size
+    for k in ("last", "lse", "tokens"):  # the labels are stored exactly as before
+        assert torch.equal(c8.sequence(3)[k], c16.sequence(3)[k])
+    out = Trainer(_cfg(tiny_cache, tmp_path / "t", cache=str(tmp_path / "c8"), max_steps=3)).train()
+    assert (out / "model.safetensors").is_file()
+    with pytest.raises(ValueError, match=r"features float16"):  # resume must match the format
+        build_cache(tiny_cache / "data", tmp_path / "c8", str(tiny_cache / "target"), layer_ids=[1, 2, 3])

@@ -20,6 +20,14 @@ import torch
 
 log = logging.getLogger("vllm.dspark.cache")
 FP16_MAX = 65000.0
+FEAT_DTYPES = ("float16", "float8")
+FP8_MAX = 448.0  # the largest float8_e4m3fn value
+
+
+def bytes_per_token(hidden_size: int, num_layers: int, feat_dtype: str) -> int:
+    """Disk per cached token: features (+ float8 scales), final hidden, lse, token id."""
+    feats = num_layers * (hidden_size + 2) if feat_dtype == "float8" else 2 * hidden_size * num_layers
+    return feats + 2 * hidden_size + 4 + 4
 
 
 @dataclass
@@ -35,6 +43,9 @@ class CacheInfo:
     dtype: str = "float32"  # the target's compute dtype while building
     # "length": encoded shortest first, so a batch pads little (caches from before it: "index")
     order: str = "index"
+    # How the layer features are stored: "float16", or "float8" (e4m3 with one float16
+    # scale per token and layer: 2.9 instead of 5.8 KB of features per token here).
+    feat_dtype: str = "float16"
 
     def encode_order(self) -> list[int]:
         n = len(self.prompt_lens)
@@ -48,7 +59,8 @@ class CacheInfo:
 
 
 class FeatureCache:
-    """Memory-mapped arrays: feats [N, L*H] f16, last [N, H] f16, lse [N] f32, tokens [N] i32."""
+    """Memory-mapped arrays: feats [N, L*H] f16 (or u8 float8 bits + scales [N, L] f16),
+    last [N, H] f16, lse [N] f32, tokens [N] i32."""
 
     def __init__(self, root: str | Path, mode: str = "r") -> None:
         self.root = Path(root)
@@ -66,7 +78,13 @@ class FeatureCache:
         def mm(name, dtype, shape):
             return np.memmap(self.root / name, dtype=dtype, mode=mode, shape=shape)
 
-        self.feats = mm("feats.f16", np.float16, (n, i.feat_size))
+        if i.feat_dtype == "float8":
+            self.feats = mm("feats.f8", np.uint8, (n, i.feat_size))
+            self.feat_scale = mm("feat_scale.f16", np.float16, (n, len(i.layer_ids)))
+        elif i.feat_dtype == "float16":
+            self.feats = mm("feats.f16", np.float16, (n, i.feat_size))
+        else:
+            raise ValueError(f"{index}: feat_dtype {i.feat_dtype!r} is not one of {FEAT_DTYPES}")
         self.last = mm("last.f16", np.float16, (n, i.hidden_size))
         self.lse = mm("lse.f32", np.float32, (n,))
         self.tokens = mm("tokens.i32", np.int32, (n,))
@@ -82,11 +100,39 @@ class FeatureCache:
         a, b = self.info.offsets[i], self.info.offsets[i + 1]
         return {
             "tokens": torch.from_numpy(np.asarray(self.tokens[a:b], dtype=np.int64)),
-            "feats": torch.from_numpy(np.asarray(self.feats[a:b], dtype=np.float32)),
+            "feats": self.read_feats(a, b),
             "last": torch.from_numpy(np.asarray(self.last[a:b], dtype=np.float32)),
             "lse": torch.from_numpy(np.array(self.lse[a:b])),
             "prompt_len": self.info.prompt_lens[i],
         }
+
+    def read_feats(self, a: int, b: int) -> torch.Tensor:
+        """Rows a..b of the layer features as float32 [T, L*H]."""
+        if self.info.feat_dtype == "float16":
+            return torch.from_numpy(np.asarray(self.feats[a:b], dtype=np.float32))
+        q = torch.from_numpy(np.array(self.feats[a:b])).view(torch.float8_e4m3fn).float()
+        scale = torch.from_numpy(np.asarray(self.feat_scale[a:b], dtype=np.float32))
+        return (q.view(b - a, scale.shape[1], -1) * scale[..., None]).flatten(1)
+
+    def write_feats(self, a: int, x: torch.Tensor) -> None:
+        """Store float32 features x [T, L*H] at rows a..a+T (float16 clamps to its range;
+        float8 scales each token's layer to the format's largest value)."""
+        if self.info.feat_dtype == "float16":
+            if x.abs().max() > FP16_MAX:
+                log.warning("target features exceed the float16 range; clamping")
+            self.feats[a:a + len(x)] = x.clamp(-FP16_MAX, FP16_MAX).numpy().astype(np.float16)
+            return
+        x = x.view(len(x), self.feat_scale.shape[1], -1)
+        scale = (x.abs().amax(-1, keepdim=True) / FP8_MAX).clamp_min(1e-12)
+        scale = scale.half().float()  # the scale as stored, so q * scale reproduces x
+        q = (x / scale).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+        self.feats[a:a + len(x)] = q.view(torch.uint8).flatten(1).numpy()
+        self.feat_scale[a:a + len(x)] = scale[..., 0].numpy().astype(np.float16)
+
+    def flush(self) -> None:
+        for arr in (self.feats, self.last, self.lse, getattr(self, "feat_scale", None)):
+            if arr is not None:
+                arr.flush()
 
     def select(self, layer_ids: list[int]) -> list[int]:
         """Column blocks of `feats` holding `layer_ids` (a drafter may use a subset)."""
@@ -99,13 +145,16 @@ class FeatureCache:
 
 def build_cache(data_dir: str | Path, out: str | Path, target_path: str, layer_ids: list[int],
                 max_gb: float = 9.5, max_len: int = 768, batch_tokens: int = 4096,
-                limit: int | None = None, dtype: str = "float32") -> FeatureCache:
+                limit: int | None = None, dtype: str = "float32",
+                feat_dtype: str = "float16") -> FeatureCache:
     """Run the target over make-data sequences (resumable; stops at `max_gb`), shortest
     first so that each padded batch wastes little (in the make-data order, padding to the
     batch's longest sequence cost 1.6x the real tokens on the training mix). `dtype`:
     the target's compute dtype ("auto" = bfloat16 where the CPU has it natively). Storage
     formats are the same either way and the log-normaliser always uses the float32 LM head,
-    but bfloat16 moves the features and labels themselves (README), hence float32 by default."""
+    but bfloat16 moves the features and labels themselves (README), hence float32 by default.
+    `feat_dtype`: how the drafter's input features are stored (float8 halves their disk; the
+    labels, final hidden state and log-normaliser, stay float16/float32 either way)."""
     from tqdm import tqdm
 
     from ..hardware import DTYPES, preferred_dtype
@@ -114,6 +163,8 @@ def build_cache(data_dir: str | Path, out: str | Path, target_path: str, layer_i
 
     if limit is not None and limit < 1:  # [:0] or [:-3] would silently drop sequences
         raise ValueError(f"limit={limit}: give a positive number of sequences, or none for all")
+    if feat_dtype not in FEAT_DTYPES:
+        raise ValueError(f"feat_dtype={feat_dtype!r}: features are stored as one of {FEAT_DTYPES}")
     if dtype not in DTYPES:
         raise ValueError(f"dtype={dtype!r}: the target runs in 'float32', 'bfloat16' or 'auto'")
     out = Path(out)
@@ -127,7 +178,7 @@ def build_cache(data_dir: str | Path, out: str | Path, target_path: str, layer_i
     if not index.is_file():
         seqs = [(t[:max_len], min(p, max_len), m.get("temperature", 0.0))
                 for t, p, m in read_shards(data_dir)][:limit]
-        per_tok = 2 * h * (len(layer_ids) + 1) + 4 + 4
+        per_tok = bytes_per_token(h, len(layer_ids), feat_dtype)
         budget = int(max_gb * 2**30 / per_tok)
         offsets, prompt_lens, temps, n = [0], [], [], 0
         for toks, plen, temp in seqs:
@@ -141,9 +192,11 @@ def build_cache(data_dir: str | Path, out: str | Path, target_path: str, layer_i
             temps.append(float(temp))
         info = CacheInfo(target=str(target_path), layer_ids=list(layer_ids), hidden_size=h,
                          num_tokens=n, offsets=offsets, prompt_lens=prompt_lens,
-                         temperatures=temps, dtype=dtype, order="length")
-        for name, dt, shape in (("feats.f16", np.float16, (n, info.feat_size)),
-                                ("last.f16", np.float16, (n, h)),
+                         temperatures=temps, dtype=dtype, order="length", feat_dtype=feat_dtype)
+        feats = ((("feats.f8", np.uint8, (n, info.feat_size)),
+                  ("feat_scale.f16", np.float16, (n, len(layer_ids))))
+                 if feat_dtype == "float8" else (("feats.f16", np.float16, (n, info.feat_size)),))
+        for name, dt, shape in (*feats, ("last.f16", np.float16, (n, h)),
                                 ("lse.f32", np.float32, (n,)), ("tokens.i32", np.int32, (n,))):
             np.memmap(out / name, dtype=dt, mode="w+", shape=shape).flush()
         tok_mm = np.memmap(out / "tokens.i32", dtype=np.int32, mode="r+", shape=(n,))
@@ -153,10 +206,12 @@ def build_cache(data_dir: str | Path, out: str | Path, target_path: str, layer_i
         index.write_text(json.dumps(asdict(info)))
     cache = FeatureCache(out, mode="r+")
     info = cache.info
-    if info.layer_ids != list(layer_ids) or info.target != str(target_path) or info.dtype != dtype:
+    if (info.layer_ids != list(layer_ids) or info.target != str(target_path)
+            or info.dtype != dtype or info.feat_dtype != feat_dtype):
         raise ValueError(f"{out} was built for target {info.target} layers {info.layer_ids} "
-                         f"in {info.dtype}; this run asks for {target_path} layers "
-                         f"{list(layer_ids)} in {dtype}: resume with the same, or use a new --out")
+                         f"in {info.dtype}, features {info.feat_dtype}; this run asks for "
+                         f"{target_path} layers {list(layer_ids)} in {dtype}, features "
+                         f"{feat_dtype}: resume with the same, or use a new --out")
     n_seq, order = len(info.prompt_lens), info.encode_order()
 
     def length(k: int) -> int:
@@ -176,7 +231,7 @@ def build_cache(data_dir: str | Path, out: str | Path, target_path: str, layer_i
         tokens += sum(length(k) for k in range(i, j))
         i = j
         info.done = i
-        cache.feats.flush(), cache.last.flush(), cache.lse.flush()
+        cache.flush()
         index.write_text(json.dumps(asdict(info)))
         bar.update(j - bar.n)
         bar.set_postfix(tok_s=f"{tokens / (time.time() - t0):.0f}")
@@ -200,10 +255,8 @@ def _encode_batch(target, head: torch.Tensor, cache: FeatureCache, seq_ids: list
     last = out.last_hidden_state.float()  # post-norm, what the LM head reads
     # float32 LM head whatever the compute dtype: training recomputes these logits in float32.
     lse = torch.logsumexp(last @ head.t(), -1)  # [B, T]
-    if feats.abs().max() > FP16_MAX:
-        log.warning("target features exceed the float16 range; clamping")
     for r, s in enumerate(seq_ids):
         a, b, n = offs[s], offs[s + 1], lens[r]
-        cache.feats[a:b] = feats[r, :n].clamp(-FP16_MAX, FP16_MAX).numpy().astype(np.float16)
+        cache.write_feats(a, feats[r, :n])
         cache.last[a:b] = last[r, :n].numpy().astype(np.float16)
         cache.lse[a:b] = lse[r, :n].numpy()
