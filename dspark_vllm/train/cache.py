@@ -123,8 +123,9 @@ class FeatureCache:
             self.feats[a:a + len(x)] = x.clamp(-FP16_MAX, FP16_MAX).numpy().astype(np.float16)
             return
         x = x.view(len(x), self.feat_scale.shape[1], -1)
-        scale = (x.abs().amax(-1, keepdim=True) / FP8_MAX).clamp_min(1e-12)
-        scale = scale.half().float()  # the scale as stored, so q * scale reproduces x
+        # The scale as stored (float16; at least its smallest subnormal, so an all-zero row
+        # divides by a non-zero scale), so that q * scale reproduces x.
+        scale = (x.abs().amax(-1, keepdim=True) / FP8_MAX).clamp_min(2.0 ** -24).half().float()
         q = (x / scale).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
         self.feats[a:a + len(x)] = q.view(torch.uint8).flatten(1).numpy()
         self.feat_scale[a:a + len(x)] = scale[..., 0].numpy().astype(np.float16)
