@@ -69,7 +69,8 @@ def _recipe(a: argparse.Namespace) -> None:
     cfg = RecipeConfig(out=a.out, target=a.target, variants=tuple(a.variants.split(",")),
                        num_prompts=a.num_prompts, epochs=a.epochs, quick=a.quick,
                        data_fractions=tuple(float(x) for x in a.data_fractions.split(",")),
-                       batch_size=a.batch_size, markov_init=a.markov_init)
+                       batch_size=a.batch_size, markov_init=a.markov_init,
+                       feature_dtype=a.feature_dtype)
     print(json.dumps(run_recipe(cfg), indent=2))
 
 
@@ -168,6 +169,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--batch-size", type=int, default=None, help="sequences per step (default 4)")
     s.add_argument("--markov-init", default=None, choices=["zero", "bigram"],
                    help="transition head start (default bigram)")
+    s.add_argument("--feature-dtype", default="float16", choices=["float16", "float8"],
+                   help="feature-cache storage (float8: half the feature disk, README)")
     s.set_defaults(fn=_recipe)
 
     s = sub.add_parser("eval-acceptance", help="offline acceptance length of a drafter")

@@ -269,7 +269,8 @@ def test_recipe_refuses_bad_settings_before_generating(tmp_path):
 
     for kw, match in ((dict(variants=("dspark-2l", "dspark-9l")), r"\['dspark-9l'\]: choose"),
                       (dict(data_fractions=(0.5, 0.0)), r"data_fraction=0.0"),
-                      (dict(num_prompts=0), r"num_prompts=0")):
+                      (dict(num_prompts=0), r"num_prompts=0"),
+                      (dict(feature_dtype="int4"), r"feature_dtype='int4'")):
         with pytest.raises(ValueError, match=match):
             run_recipe(RecipeConfig(out=str(tmp_path / "r"), **kw))
     assert not (tmp_path / "r").exists()

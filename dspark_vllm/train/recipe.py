@@ -36,6 +36,7 @@ class RecipeConfig:
     data_fractions: tuple[float, ...] = (1.0,)
     quick: bool = False
     cache_gb: float = 9.5
+    feature_dtype: str = "float16"  # build-cache --feature-dtype (float8: half the feature disk)
     batch_size: int | None = None  # None: TrainConfig's default
     markov_init: str | None = None  # None: TrainConfig's default
 
@@ -43,7 +44,7 @@ class RecipeConfig:
 def run_recipe(cfg: RecipeConfig) -> dict:
     from ..drafter.config import default_target_layer_ids
     from ..target import load_target, resolve_target
-    from .cache import build_cache
+    from .cache import FEAT_DTYPES, build_cache
     from .calibrate import calibrate
     from .make_data import MakeDataConfig, make_data
     from .trainer import train
@@ -55,6 +56,8 @@ def run_recipe(cfg: RecipeConfig) -> dict:
     unknown = [v for v in cfg.variants if v not in VARIANTS]
     if unknown:
         raise ValueError(f"variants {unknown}: choose from {list(VARIANTS)}")
+    if cfg.feature_dtype not in FEAT_DTYPES:
+        raise ValueError(f"feature_dtype={cfg.feature_dtype!r}: one of {FEAT_DTYPES}")
     if not cfg.cache_gb > 0:
         raise ValueError(f"cache_gb={cfg.cache_gb}: must be > 0")
     overrides = {k: getattr(cfg, k) for k in ("batch_size", "markov_init")
@@ -74,7 +77,8 @@ def run_recipe(cfg: RecipeConfig) -> dict:
     tcfg, _ = load_target(target, tokenizer=False)
     layers = default_target_layer_ids(tcfg.config.num_hidden_layers, 5)
     t1 = time.time()
-    build_cache(data, out / "cache", target, layers, max_gb=cfg.cache_gb)
+    build_cache(data, out / "cache", target, layers, max_gb=cfg.cache_gb,
+                feat_dtype=cfg.feature_dtype)
     timings["cache_s"] = time.time() - t1
     results = {}
     for name in cfg.variants:
