@@ -7,7 +7,7 @@ import json
 import logging
 import sys
 
-from .hardware import DTYPES
+from .hardware import DTYPES, FEAT_DTYPES
 
 
 def _prepare_target(a: argparse.Namespace) -> None:
@@ -130,7 +130,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--limit", type=int, default=None, help="first N sequences only (a trial run)")
     s.add_argument("--dtype", default="float32", choices=DTYPES,
                    help="the target's compute dtype; auto = bfloat16 on CPUs with native bf16")
-    s.add_argument("--feature-dtype", default="float16", choices=["float16", "float8"],
+    s.add_argument("--feature-dtype", default="float16", choices=FEAT_DTYPES,
                    help="storage of the drafter's input features (float8 halves their disk)")
     s.set_defaults(fn=_build_cache)
 
@@ -169,7 +169,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--batch-size", type=int, default=None, help="sequences per step (default 4)")
     s.add_argument("--markov-init", default=None, choices=["zero", "bigram"],
                    help="transition head start (default bigram)")
-    s.add_argument("--feature-dtype", default="float16", choices=["float16", "float8"],
+    s.add_argument("--feature-dtype", default="float16", choices=FEAT_DTYPES,
                    help="feature-cache storage (float8: half the feature disk, README)")
     s.set_defaults(fn=_recipe)
 

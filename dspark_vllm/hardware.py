@@ -6,6 +6,7 @@ import functools
 from pathlib import Path
 
 DTYPES = ("auto", "float32", "bfloat16")  # what preferred_dtype accepts
+FEAT_DTYPES = ("float16", "float8")  # how build-cache may store the drafter's input features
 
 
 @functools.cache

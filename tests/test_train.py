@@ -350,7 +350,7 @@ def test_the_mask_token_is_an_unused_special_token_of_the_tokenizer(tiny_cache, 
     from tokenizers import Tokenizer, models
 
     from dspark_vllm.train.cache import FeatureCache
-    from dspark_vllm.train.trainer import pick_mask_token
+    from dspark_vllm.train.trainer import pick_mask_token, response_counts
 
     vocab = {f"t{i}": i for i in range(96)}
     tok = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel(vocab, unk_token="t0")),
@@ -360,7 +360,7 @@ def test_the_mask_token_is_an_unused_special_token_of_the_tokenizer(tiny_cache, 
     (tmp_path / "tok" / "config.json").write_text((tiny_cache / "target" / "config.json").read_text())
     cache = FeatureCache(tiny_cache / "cache")
     # 60 occurs in the counting responses (tokens 50..89), so 4 is the highest unused one.
-    assert pick_mask_token(str(tmp_path / "tok"), cache, list(range(len(cache)))) == 4
+    assert pick_mask_token(str(tmp_path / "tok"), response_counts(cache, list(range(len(cache))))) == 4
 
 
 def test_float8_features_are_half_the_disk_and_close_to_float16(tiny_cache, tmp_path):

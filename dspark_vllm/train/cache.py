@@ -18,9 +18,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ..hardware import FEAT_DTYPES
+
 log = logging.getLogger("vllm.dspark.cache")
 FP16_MAX = 65000.0
-FEAT_DTYPES = ("float16", "float8")
 FP8_MAX = 448.0  # the largest float8_e4m3fn value
 
 

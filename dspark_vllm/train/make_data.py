@@ -34,7 +34,6 @@ class MakeDataConfig:
     dtype: str = "auto"
     """vLLM dtype; auto = bfloat16 where the CPU has native bf16 (AMX/AVX512-BF16), else float32."""
 
-
     def validate(self) -> None:
         from ..hardware import DTYPES
 

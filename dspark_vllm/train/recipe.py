@@ -44,15 +44,19 @@ class RecipeConfig:
 def run_recipe(cfg: RecipeConfig) -> dict:
     from ..drafter.config import default_target_layer_ids
     from ..target import load_target, resolve_target
-    from .cache import FEAT_DTYPES, build_cache
+    from ..hardware import FEAT_DTYPES
+    from .cache import build_cache
     from .calibrate import calibrate
     from .make_data import MakeDataConfig, make_data
     from .trainer import train
 
+    out = Path(cfg.out)
+    quick = dict(num_prompts=48, max_new_tokens=48, shard_size=24) if cfg.quick else {}
+    mdc = MakeDataConfig(out_dir=str(out / "data"), target=cfg.target,
+                         **({"num_prompts": cfg.num_prompts,
+                             "max_new_tokens": cfg.max_new_tokens} | quick))
     # Refuse bad settings now, not after hours of data generation and caching.
-    for k in ("num_prompts", "max_new_tokens"):
-        if getattr(cfg, k) < 1:
-            raise ValueError(f"{k}={getattr(cfg, k)}: must be a positive integer")
+    mdc.validate()
     unknown = [v for v in cfg.variants if v not in VARIANTS]
     if unknown:
         raise ValueError(f"variants {unknown}: choose from {list(VARIANTS)}")
@@ -65,14 +69,10 @@ def run_recipe(cfg: RecipeConfig) -> dict:
     for frac in cfg.data_fractions:
         TrainConfig(cache="", out="", epochs=cfg.epochs, data_fraction=frac,
                     **overrides).validate()
-    out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     target = str(resolve_target(cfg.target))
-    quick = dict(num_prompts=48, max_new_tokens=48, shard_size=24) if cfg.quick else {}
     timings, t0 = {}, time.time()
-    data = make_data(MakeDataConfig(out_dir=str(out / "data"), target=target,
-                                    **({"num_prompts": cfg.num_prompts,
-                                        "max_new_tokens": cfg.max_new_tokens} | quick)))
+    data = make_data(replace(mdc, target=target))
     timings["make_data_s"] = time.time() - t0
     tcfg, _ = load_target(target, tokenizer=False)
     layers = default_target_layer_ids(tcfg.config.num_hidden_layers, 5)

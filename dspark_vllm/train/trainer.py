@@ -103,7 +103,16 @@ def heldout_split(cache: FeatureCache, heldout: float) -> range:
     return range(train_split(cache, heldout).stop, len(cache))
 
 
-def pick_mask_token(target: str, cache: FeatureCache, seqs: list[int]) -> int:
+def response_counts(cache: FeatureCache, seqs: list[int]) -> np.ndarray:
+    """How often each token id occurs in the responses of `seqs` [max id + 1]."""
+    counts = np.zeros(cache.info.num_tokens and int(cache.tokens.max()) + 1, dtype=np.int64)
+    for i in seqs:
+        a, b = cache.info.offsets[i], cache.info.offsets[i + 1]
+        counts += np.bincount(cache.tokens[a + cache.info.prompt_lens[i]:b], minlength=len(counts))
+    return counts
+
+
+def pick_mask_token(target: str, counts: np.ndarray) -> int:
     """The target tokenizer's highest-id added special token that is not BOS/EOS/PAD and
     never occurs in the training responses (SmolLM2-135M-Instruct: 16, <empty_output>),
     so a mask slot's input can never be mistaken for a drafted token."""
@@ -116,11 +125,7 @@ def pick_mask_token(target: str, cache: FeatureCache, seqs: list[int]) -> int:
     except (OSError, ValueError) as e:
         raise ValueError(f"target {target}: no tokenizer to pick the mask token from ({e}); "
                          "give --mask-token-id") from None
-    seen = set()
-    for i in seqs:
-        a, b = cache.info.offsets[i], cache.info.offsets[i + 1]
-        seen.update(np.unique(cache.tokens[a + cache.info.prompt_lens[i]:b]).tolist())
-    skip = seen | {tok.bos_token_id, tok.eos_token_id, tok.pad_token_id}
+    skip = set(np.flatnonzero(counts).tolist()) | {tok.bos_token_id, tok.eos_token_id, tok.pad_token_id}
     added = tok.added_tokens_decoder  # id -> AddedToken
     for special in (True, False):
         ids = [i for i, t in added.items() if t.special == special and i not in skip]
@@ -130,13 +135,9 @@ def pick_mask_token(target: str, cache: FeatureCache, seqs: list[int]) -> int:
                      "responses; give --mask-token-id (a token the target never generates)")
 
 
-def build_draft_vocab(cache: FeatureCache, seqs: list[int], size: int,
+def build_draft_vocab(counts: np.ndarray, size: int,
                       keep: tuple[int, ...] = ()) -> tuple[torch.Tensor, float]:
     """The `size` most frequent response tokens (plus `keep`), sorted; and their coverage."""
-    counts = np.zeros(cache.info.num_tokens and int(cache.tokens.max()) + 1, dtype=np.int64)
-    for i in seqs:
-        a, b = cache.info.offsets[i], cache.info.offsets[i + 1]
-        counts += np.bincount(cache.tokens[a + cache.info.prompt_lens[i]:b], minlength=len(counts))
     order = [int(t) for t in np.argsort(-counts, kind="stable") if t not in keep]
     ids = sorted(set(keep) | set(order[:size - len(set(keep))]))
     coverage = float(counts[ids].sum() / max(counts.sum(), 1))
@@ -222,13 +223,13 @@ class Trainer:
         self.seqs = list(range(int(math.ceil(len(train_split(self.cache, cfg.heldout))
                                             * cfg.data_fraction))))
         emb, head = target.get_input_embeddings().weight, target.get_output_embeddings().weight
+        counts = response_counts(self.cache, self.seqs)
         if cfg.mask_token_id is None:
-            cfg = self.cfg = replace(cfg, mask_token_id=pick_mask_token(cfg.target, self.cache,
-                                                                        self.seqs))
+            cfg = self.cfg = replace(cfg, mask_token_id=pick_mask_token(cfg.target, counts))
             log.info("mask token %d (the tokenizer's unused special token)", cfg.mask_token_id)
         vocab, d2t = None, None
         if cfg.draft_vocab_size:
-            vocab, cov = build_draft_vocab(self.cache, self.seqs, cfg.draft_vocab_size,
+            vocab, cov = build_draft_vocab(counts, cfg.draft_vocab_size,
                                            keep=(cfg.mask_token_id,))
             d2t = vocab - torch.arange(len(vocab))
             log.info("draft vocabulary %d covers %.2f%% of response tokens", len(vocab), 100 * cov)
