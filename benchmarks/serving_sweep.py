@@ -29,6 +29,9 @@ from dspark_vllm.serving import (BUNDLED_DRAFTER, VllmServer, acceptance_length,
 MAX_TOKENS = 128
 DEFAULT_MTP1 = "runs/smollm2/mtp-1/drafter"
 BATCH_SCHEDULE = [[1, 2, 7], [3, 4, 5], [5, 8, 3], [9, 16, 2], [17, 1024, 1]]
+# Server environments beyond the defaults: the budget with the drafter's context K/V written
+# on every step (DSPARK_DEFER_CONTEXT=0), the A/B for deferring it (context_debt.py).
+CONFIG_ENV = {"dspark-adaptive-stepwise-context": {"DSPARK_DEFER_CONTEXT": "0"}}
 
 
 def configs(dspark: str, mtp1: str, fixed: tuple[int, ...]) -> dict[str, dict | None]:
@@ -39,6 +42,7 @@ def configs(dspark: str, mtp1: str, fixed: tuple[int, ...]) -> dict[str, dict | 
         c[f"dspark-k{k}"] = {"method": "dspark", "model": dspark, "num_speculative_tokens": k}
     c["dspark-adaptive"] = {"method": "dspark", "model": dspark, "num_speculative_tokens": 7,
                             "enable_adaptive_verification": True}
+    c["dspark-adaptive-stepwise-context"] = dict(c["dspark-adaptive"])
     c["vllm-batch-schedule"] = {"method": "dspark", "model": dspark, "num_speculative_tokens": 7,
                                 "num_speculative_tokens_per_batch_size": BATCH_SCHEDULE}
     return c
@@ -145,7 +149,8 @@ def _server(target, name, spec, out, args) -> VllmServer:
     if args.ledger and not (spec or {}).get("enable_adaptive_verification"):
         extra += ["--scheduler-cls", LEDGER_SCHEDULER_CLS]  # the budget's scheduler has one
     return VllmServer(target, spec=spec, log_path=out / f"{name}.log", enforce_eager=args.eager,
-                      max_model_len=2048, env={"VLLM_PLUGINS": "dspark"},  # + /dspark/status
+                      max_model_len=2048,  # VLLM_PLUGINS: + /dspark/status
+                      env={"VLLM_PLUGINS": "dspark", **CONFIG_ENV.get(name, {})},
                       args=extra)
 
 
@@ -166,6 +171,8 @@ def run_sweep(args) -> dict:
     cfgs = configs(args.drafter, args.mtp1, tuple(args.fixed))
     if args.only:
         cfgs = {k: v for k, v in cfgs.items() if k in args.only}
+    else:  # the A/B variants only when named
+        cfgs = {k: v for k, v in cfgs.items() if k not in CONFIG_ENV}
     results = json.loads((out / "sweep.json").read_text())["results"] if (out / "sweep.json").is_file() \
         and args.resume else {}
     cfgs = {k: v for k, v in cfgs.items() if k not in results}
@@ -246,6 +253,11 @@ def main(argv=None):
         prompt_set(args.prompts)  # a bad --prompts is refused before any server starts
     except ValueError as e:
         p.error(str(e))
+    known = configs(args.drafter, args.mtp1, tuple(args.fixed))
+    unknown = [n for n in args.only or [] if n not in known]
+    if unknown:
+        p.error(f"--only {' '.join(unknown)}: not a configuration here; use any of "
+                f"{', '.join(known)} (mtp-1 needs a head at --mtp1 {args.mtp1})")
     if args.quick:
         global MAX_TOKENS
         MAX_TOKENS = 16

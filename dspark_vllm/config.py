@@ -17,6 +17,7 @@ SUPPORTED_VLLM = ((0, 32), (0, 33))  # [min, max) of (major, minor)
 SCHEDULER_CLS = "dspark_vllm.scheduler.DSparkScheduler"
 LEDGER_SCHEDULER_CLS = "dspark_vllm.ledger_scheduler.LedgerScheduler"  # plain + step ledger
 BLOCK_DROP_ENV = "DSPARK_EAGLE_BLOCK_DROP"  # "1": vLLM's EAGLE prefix-cache block drop
+DEFER_ENV = "DSPARK_DEFER_CONTEXT"  # "0": write the drafter's context K/V every step
 ACTIVE_ENV = "DSPARK_VLLM_ACTIVE"  # set once a dspark config is validated; inherited by
 # the engine and worker processes so the plugin patches only engines that serve DSpark
 
@@ -68,6 +69,8 @@ class DSparkServeConfig:
     """Drafts sampled from the draft distribution, verified with its probabilities."""
     keep_cached_block: bool = True
     """Keep the last cached prompt block vLLM drops for EAGLE-like drafters (BLOCK_DROP_ENV)."""
+    defer_context: bool = True
+    """Steps that draft nothing defer the drafter's context K/V (DEFER_ENV, context_debt.py)."""
 
     @classmethod
     def from_vllm_config(cls, vc) -> DSparkServeConfig:
@@ -115,9 +118,15 @@ class DSparkServeConfig:
             raise DSparkConfigError(
                 f"{BLOCK_DROP_ENV}={drop!r}: use 1 (drop the last cached prompt block, vLLM's "
                 "EAGLE behaviour) or 0 / unset (keep it, DSpark's default)")
+        defer = os.environ.get(DEFER_ENV, "1")
+        if defer not in ("0", "1"):
+            raise DSparkConfigError(
+                f"{DEFER_ENV}={defer!r}: use 1 / unset (steps that draft nothing defer the "
+                "drafter's context K/V to one batched write, the default) or 0 (write it "
+                "every step)")
         return cls(drafter_dir=path, drafter=dcfg, num_speculative_tokens=k, adaptive=adaptive,
                    probabilistic=sc.draft_sample_method == "probabilistic",
-                   keep_cached_block=drop == "0")
+                   keep_cached_block=drop == "0", defer_context=defer == "1")
 
     def activate(self) -> None:
         os.environ[ACTIVE_ENV] = "1"

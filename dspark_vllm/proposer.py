@@ -6,19 +6,24 @@
     method "dflash");
   * sequential transition-head sampling, left to right, greedy or probabilistic, with the
     draft probabilities exact verification needs at temperature > 0;
-  * per-token confidences sigmoid(w^T [h_k; W1[x_{k-1}]] / T_k) kept for the scheduler.
+  * per-token confidences sigmoid(w^T [h_k; W1[x_{k-1}]] / T_k) kept for the scheduler;
+  * steps that draft nothing owe the drafter's context K/V instead of writing it
+    (context_debt.py): written in one batched pass when a block will read it.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import time
 
 import torch
 from vllm.v1.sample.metadata import SamplingMetadata
 from vllm.v1.spec_decode.dflash import DFlashProposer
 
+from .config import DEFER_ENV
+from .context_debt import ContextDebt, Rows
 from .sequential import sample_block
 
 log = logging.getLogger("vllm.dspark.proposer")
@@ -51,40 +56,77 @@ class DSparkProposer(DFlashProposer):
         self._conf_temps = torch.tensor(temps, dtype=torch.float32, device=device)
         self.last_confidences: torch.Tensor | None = None  # [B, K] for the scheduler
         self.last_draft_seconds = 0.0  # wall time of the last propose() (phase metrics)
+        self._runner = runner  # its input batch names the requests behind each context row
+        self.debt = ContextDebt()
+        self._defer = os.environ.get(DEFER_ENV, "1") == "1"  # validated in config.py
+        # Prefix cache on: a departed request's blocks may be read again (write its rows);
+        # off: nothing reads them (drop its rows).
+        self._keep_departed = bool(vllm_config.cache_config.enable_prefix_caching)
+        self.context_rows_written = 0  # rows the drafter's context K/V pass has computed
 
     def model_returns_tuple(self) -> bool:
         return False  # the DFlash-style backbone returns one hidden-state tensor
 
     # ------------------------------------------------------------------ inputs
     def propose(self, num_speculative_tokens: int, *, target_hidden_states: torch.Tensor,
-                **kwargs) -> torch.Tensor:
+                common_attn_metadata, **kwargs) -> torch.Tensor:
+        """target_hidden_states: [T, n_layers * H], the target layers this step captured."""
         t0 = time.perf_counter()
-        # [T, n_layers * H] concatenated target layers -> [T, H] via the drafter's fc.
-        hidden = self.model.combine_hidden_states(target_hidden_states)
+        req_ids = self._req_ids(common_attn_metadata.batch_size())
+        self._settle_departed(req_ids)
         if num_speculative_tokens == 0:
-            out = self._context_only(hidden, **kwargs)
+            out = self._context_only(target_hidden_states, req_ids,
+                                     common_attn_metadata=common_attn_metadata, **kwargs)
         else:
-            out = super().propose(num_speculative_tokens, target_hidden_states=hidden, **kwargs)
+            self._write(self.debt.take())  # the blocks attend to the whole context
+            # [T, n_layers * H] -> [T, H] via the drafter's fc.
+            hidden = self.model.combine_hidden_states(target_hidden_states)
+            self.context_rows_written += hidden.shape[0]
+            out = super().propose(num_speculative_tokens, target_hidden_states=hidden,
+                                  common_attn_metadata=common_attn_metadata, **kwargs)
         self.last_draft_seconds = time.perf_counter() - t0
         return out
 
-    def _context_only(self, hidden: torch.Tensor, *, target_token_ids, next_token_ids,
-                      target_positions, common_attn_metadata, num_rejected_tokens_gpu=None,
-                      **_) -> torch.Tensor:
-        """The scheduler asked for no drafts this step (budget 0 under load): write the
-        drafter's context K/V for this step's verified tokens, so later blocks see the
-        whole context, and skip the query pass, its LM head and the sampling loop.
-        hidden: [T, H] -> draft ids [B, 0]."""
+    def _req_ids(self, batch_size: int) -> list[str]:
+        if self._runner is None:  # built outside a model runner: no names, one anonymous owner
+            return ["?"] * batch_size
+        return list(self._runner.input_batch.req_ids[:batch_size])
+
+    def _settle_departed(self, req_ids: list[str]) -> None:
+        departed = self.debt.owners().difference(req_ids)
+        if departed:
+            rows = self.debt.take(departed)
+            if self._keep_departed:
+                self._write(rows)
+
+    def _write(self, rows: Rows | None) -> None:
+        """The context K/V pass over owed rows: fc, then every layer's K/V into its cache."""
+        if rows is None:
+            return
+        hidden = self.model.combine_hidden_states(rows.feats)  # [n, H]
+        self.model.precompute_and_store_context_kv(hidden, rows.positions, rows.slots)
+        self.context_rows_written += hidden.shape[0]
+
+    def _context_only(self, feats: torch.Tensor, req_ids: list[str], *, target_token_ids,
+                      next_token_ids, target_positions, common_attn_metadata,
+                      num_rejected_tokens_gpu=None, **_) -> torch.Tensor:
+        """The scheduler asked for no drafts this step (budget 0 under load): record the
+        context rows this step owes the drafter (context_debt.py) and skip the pass.
+        feats: [T, n_layers * H] -> draft ids [B, 0]."""
         self.num_speculative_tokens = 0
         self.last_confidences = None
         self._last_draft_probs = None
+        cad = common_attn_metadata
+        # Only the positions and slots this computes are used (not the query inputs).
         self.set_inputs_first_pass(target_token_ids, next_token_ids, target_positions,
-                                   hidden, None, common_attn_metadata, num_rejected_tokens_gpu)
-        n = hidden.shape[0]
-        self.model.precompute_and_store_context_kv(
-            hidden, self._context_positions_buffer[:n], self._context_slot_mapping_buffer[:n])
-        return torch.empty((common_attn_metadata.batch_size(), 0), dtype=torch.int64,
-                           device=hidden.device)
+                                   feats, None, cad, num_rejected_tokens_gpu)
+        n = feats.shape[0]
+        self.debt.record(req_ids, cad.query_start_loc_cpu[: len(req_ids) + 1].tolist(), Rows(
+            feats, self._context_positions_buffer[:n].clone(),
+            self._context_slot_mapping_buffer[:n].clone()))
+        if self.debt.over_limit() or not self._defer:
+            self._write(self.debt.take())
+        return torch.empty((cad.batch_size(), 0), dtype=torch.int64, device=feats.device)
 
     def set_inputs_first_pass(self, target_token_ids, next_token_ids, target_positions,
                               target_hidden_states, token_indices_to_sample, cad,

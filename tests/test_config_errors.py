@@ -52,6 +52,12 @@ def test_block_drop_switch_is_validated(target, good, monkeypatch):
     _refused(target, spec, "DSPARK_EAGLE_BLOCK_DROP='yes': use 1")
 
 
+def test_context_deferral_switch_is_validated(target, good, monkeypatch):
+    spec = {"method": "dspark", "model": good, "num_speculative_tokens": 4}
+    monkeypatch.setenv("DSPARK_DEFER_CONTEXT", "off")
+    _refused(target, spec, "DSPARK_DEFER_CONTEXT='off': use 1 / unset")
+
+
 def test_the_collector_follows_schedulers_that_keep_the_ledger():
     from vllm.v1.core.sched.scheduler import Scheduler
 

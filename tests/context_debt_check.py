@@ -1,0 +1,64 @@
+"""Run as `python -m tests.context_debt_check --defer 0|1 --prefix-caching 0|1`: one engine
+(in this process) on the bundled target and drafter, drafting only when it holds a single
+request (vLLM's batch-size schedule with K = 0 above one), fed in three phases:
+
+  1. A (long) and B together: no drafts; their context K/V is owed (deferred) or written;
+  2. B finishes, A runs alone and drafts: A's owed context is written first;
+  3. C, B's prompt again, alone: with the prefix cache on its prompt blocks are B's,
+     drafter K/V included (written when B left), and it drafts from its first step.
+
+Prints one JSON line: the outputs, vLLM's draft and acceptance counters, and the context
+rows the drafter computed. Deferred or not, the drafts must be the same."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--defer", choices=("0", "1"), required=True)
+    p.add_argument("--prefix-caching", choices=("0", "1"), required=True)
+    args = p.parse_args(argv)
+    os.environ["DSPARK_DEFER_CONTEXT"] = args.defer
+    from vllm import SamplingParams
+
+    from benchmarks.engine_profile import in_process_llm
+    from dspark_vllm.datasets import encode_chat, gsm8k_heldout, humaneval
+    from dspark_vllm.serving import BUNDLED_DRAFTER
+
+    spec = {"method": "dspark", "model": str(BUNDLED_DRAFTER), "num_speculative_tokens": 5,
+            "num_speculative_tokens_per_batch_size": [[1, 1, 5], [2, 1024, 0]]}
+    llm = in_process_llm(spec, max_num_seqs=4, enable_prefix_caching=args.prefix_caching == "1",
+                         disable_log_stats=False)
+    tok = llm.get_tokenizer()
+    a = encode_chat(tok, gsm8k_heldout()[0]["messages"])
+    b = encode_chat(tok, humaneval()[32]["messages"])  # 311 tokens: 2 full 128-token blocks
+    eng = llm.llm_engine
+    out: dict[str, list[int]] = {}
+
+    def run(reqs: dict[str, tuple[list[int], int]]) -> None:
+        for rid, (ids, n) in reqs.items():
+            eng.add_request(rid, {"prompt_token_ids": ids},
+                            SamplingParams(temperature=0, max_tokens=n, ignore_eos=True))
+        while eng.has_unfinished_requests():
+            for o in eng.step():
+                if o.finished:
+                    out[o.request_id] = list(o.outputs[0].token_ids)
+
+    run({"A": (a, 90), "B": (b, 24)})
+    run({"C": (b, 48)})
+    counters = {m.name: m.value for m in llm.get_metrics() if hasattr(m, "value")}
+    drafter = eng.model_executor.driver_worker.worker.model_runner.drafter
+    print(json.dumps({
+        "prompt_tokens": [len(a), len(b)], "outputs": out,
+        "drafts": counters.get("vllm:spec_decode_num_drafts"),
+        "accepted": counters.get("vllm:spec_decode_num_accepted_tokens"),
+        "context_rows_written": drafter.context_rows_written,
+        "still_owed": len(drafter.debt)}), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,127 @@
+"""The drafter's deferred context (context_debt.py): rows owed by steps that draft nothing,
+written later in one pass, must leave every cache slot as the step-by-step writes would."""
+
+import pytest
+import torch
+
+from dspark_vllm.context_debt import ContextDebt, Rows, latest_per_slot
+
+
+def _step(slots: list[int], first_pos: int = 0, feat_dim: int = 3) -> Rows:
+    n = len(slots)
+    pos = torch.arange(first_pos, first_pos + n)
+    # Row features encode (step-unique value) so the test can tell which write won.
+    feats = torch.rand(n, feat_dim)
+    return Rows(feats, pos, torch.tensor(slots, dtype=torch.int64))
+
+
+def _replay(steps: list[Rows], cache_size: int = 64) -> torch.Tensor:
+    """Step-by-step writes: what the cache holds when every step writes at once."""
+    cache = torch.zeros(cache_size, steps[0].feats.shape[1])
+    for r in steps:
+        ok = r.slots >= 0
+        cache[r.slots[ok]] = r.feats[ok]
+    return cache
+
+
+def _apply(rows: Rows | None, cache: torch.Tensor) -> torch.Tensor:
+    if rows is not None:
+        assert rows.slots.unique().numel() == rows.slots.numel(), "one row per slot"
+        cache[rows.slots] = rows.feats
+    return cache
+
+
+def test_a_deferred_write_equals_the_step_by_step_writes():
+    torch.manual_seed(0)
+    debt = ContextDebt()
+    steps = []
+    # Two requests (slots 0-15 and 32-47); step 3 re-records request a's slots 5-6 (a
+    # rejected draft's positions, verified again later) and has a padding row.
+    layouts = [([0, 1, 2, 3], [32, 33]), ([4, 5, 6], [34]), ([7], [35, 36]),
+               ([5, 6, -1], [37])]
+    for a, b in layouts:
+        r = _step(a + b)
+        steps.append(r)
+        debt.record(["a", "b"], [0, len(a), len(a) + len(b)], r)
+    assert len(debt) == sum(len(a) + len(b) for a, b in layouts)
+    got = _apply(debt.take(), torch.zeros(64, 3))
+    assert torch.equal(got, _replay(steps))
+    assert len(debt) == 0 and debt.take() is None
+
+
+def test_taking_one_owner_leaves_the_others_in_step_order():
+    torch.manual_seed(1)
+    debt = ContextDebt()
+    s1, s2 = _step([0, 1, 10]), _step([2, 1, 11])
+    debt.record(["a", "b"], [0, 2, 3], s1)
+    debt.record(["a", "b"], [0, 2, 3], s2)
+    a = debt.take({"a", "gone-already"})
+    assert a.slots.tolist() == [0, 2, 1]  # slot 1: the later row (step 2), order kept
+    assert torch.equal(a.feats[2], s2.feats[1]) and torch.equal(a.feats[0], s1.feats[0])
+    assert debt.owners() == {"b"} and len(debt) == 2
+    b = debt.take()
+    assert b.slots.tolist() == [10, 11] and debt.owners() == set()
+
+
+def test_a_block_handed_to_a_new_owner_keeps_the_new_owners_rows():
+    """Request a leaves; its slots go to request c. If a's rows are written (prefix cache on)
+    when it departs, before c's rows, c's writes win, as they did step by step."""
+    torch.manual_seed(2)
+    debt = ContextDebt()
+    old = _step([0, 1, 2])
+    debt.record(["a"], [0, 3], old)
+    cache = _apply(debt.take({"a"}), torch.zeros(8, 3))  # a departs
+    new = _step([0, 1])
+    debt.record(["c"], [0, 2], new)
+    cache = _apply(debt.take(), cache)
+    assert torch.equal(cache, _replay([old, new], cache_size=8))
+
+
+def test_the_row_limit_and_bad_input():
+    debt = ContextDebt(max_bytes=4 * (3 * 4 + 16))  # 4 rows of 3 float32 features
+    debt.record(["a"], [0, 3], _step([0, 1, 2]))
+    assert not debt.over_limit()
+    debt.record(["a"], [0, 2], _step([3, 4]))
+    assert debt.over_limit()
+    with pytest.raises(ValueError, match="2 requests need 3 bounds"):
+        debt.record(["a", "b"], [0, 1], _step([5]))
+    with pytest.raises(ValueError, match="max_bytes 0"):
+        ContextDebt(max_bytes=0)
+
+
+def test_only_padding_owes_nothing():
+    assert latest_per_slot(_step([-1, -1])) is None
+    debt = ContextDebt()
+    debt.record(["a"], [0, 2], _step([-1, -1]))
+    assert debt.take() is None and len(debt) == 0
+
+
+def _engine_run(defer: str, prefix_caching: str) -> dict:
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    r = subprocess.run([sys.executable, "-m", "tests.context_debt_check", "--defer", defer,
+                        "--prefix-caching", prefix_caching], capture_output=True, text=True,
+                       timeout=900, cwd=Path(__file__).resolve().parent.parent)
+    lines = [x for x in r.stdout.splitlines() if x.startswith("{")]
+    assert r.returncode == 0 and lines, (r.stdout[-2000:], r.stderr[-3000:])
+    return json.loads(lines[-1])
+
+
+def test_the_engine_drafts_the_same_with_deferred_context():
+    """The bundled drafter in a real engine, drafting only when alone (phases in
+    tests/context_debt_check.py): deferring the context K/V (prefix cache on: a departed
+    request's rows are written for the cache; off: dropped) proposes and accepts exactly
+    what writing it every step does, and with the prefix cache off computes fewer rows."""
+    every_step = _engine_run("0", "1")
+    deferred = _engine_run("1", "1")
+    dropped = _engine_run("1", "0")
+    assert every_step["drafts"] > 0 and every_step["accepted"] > 0
+    for run in (deferred, dropped):
+        assert run["outputs"] == every_step["outputs"]
+        assert (run["drafts"], run["accepted"]) == (every_step["drafts"], every_step["accepted"])
+        assert run["still_owed"] == 0
+    assert deferred["context_rows_written"] == every_step["context_rows_written"]
+    assert dropped["context_rows_written"] < deferred["context_rows_written"]
