@@ -70,6 +70,16 @@ class ContextDebt:
     def over_limit(self) -> bool:
         return self.bytes > self.max_bytes
 
+    def discard(self, owners: set[str]) -> int:
+        """Forget the rows of `owners` unwritten -> how many rows."""
+        n = 0
+        for rid in owners:
+            for _, r in self._owed.pop(rid, ()):
+                n += r.slots.shape[0]
+                self.bytes -= r.slots.shape[0] * _row_bytes(r)
+        self.rows -= n
+        return n
+
     def take(self, owners: set[str] | None = None) -> Rows | None:
         """Remove and return the rows of `owners` (all when None), in step order, one row
         per slot (the latest); None when nothing is owed."""

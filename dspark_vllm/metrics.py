@@ -49,7 +49,8 @@ class DSparkStats:
         self.nan_confidences = 0
         self.cost_refits = 0
         self.steps = 0
-        self.skipped_drafts = 0  # steps whose draft pass ran context-only
+        self.skipped_drafts = 0  # steps that drafted nothing (context K/V deferred)
+        self.context_rows = {"written": 0, "dropped": 0, "owed": 0}  # the drafter's context
         self.draft_seconds = self.schedule_seconds = self.verify_seconds = 0.0
         self.budget_buckets = [0] * (len(BUDGET_BUCKETS) + 1)
         self.budget_sum = 0
@@ -93,6 +94,7 @@ class DSparkStats:
             "expected_accepted": self.expected_accepted, "accepted": self.accepted,
             "verified_requests": self.verified_requests, "nan_confidences": self.nan_confidences,
             "cost_refits": self.cost_refits, "skipped_drafts": self.skipped_drafts,
+            "context_rows": dict(self.context_rows),
             "phase_seconds": {"draft": self.draft_seconds, "schedule": self.schedule_seconds,
                               "verify": self.verify_seconds},
             "budget": {"buckets": list(BUDGET_BUCKETS), "counts": self.budget_buckets,
@@ -145,8 +147,18 @@ class DSparkCollector:
                 ("dspark_cost_model_refits", "cost_refits", "Online refits of the cost model."),
                 ("dspark_budget_steps", "steps", "Steps the budget policy ran."),
                 ("dspark_draft_passes_skipped", "skipped_drafts",
-                 "Steps that drafted nothing (context K/V only): drafting did not pay.")):
+                 "Steps that drafted nothing (context K/V deferred): drafting did not pay.")):
             yield CounterMetricFamily(name, doc, value=s.get(key, 0))
+        ctx = s.get("context_rows") or {}
+        rows = CounterMetricFamily("dspark_context_rows",
+                                   "Drafter context K/V rows: computed, or dropped unread "
+                                   "(a departed request's, prefix cache off).", labels=["fate"])
+        for fate in ("written", "dropped"):
+            rows.add_metric([fate], ctx.get(fate, 0))
+        yield rows
+        yield GaugeMetricFamily("dspark_context_rows_owed",
+                                "Context rows deferred by steps that drafted nothing, not yet "
+                                "written (bounded).", value=ctx.get("owed", 0))
         phases = CounterMetricFamily("dspark_phase_seconds", "Time spent per phase.",
                                      labels=["phase"])
         for phase, v in s["phase_seconds"].items():

@@ -63,6 +63,7 @@ class DSparkProposer(DFlashProposer):
         # off: nothing reads them (drop its rows).
         self._keep_departed = bool(vllm_config.cache_config.enable_prefix_caching)
         self.context_rows_written = 0  # rows the drafter's context K/V pass has computed
+        self.context_rows_dropped = 0  # owed rows of departed requests nothing will read
 
     def model_returns_tuple(self) -> bool:
         return False  # the DFlash-style backbone returns one hidden-state tensor
@@ -94,10 +95,10 @@ class DSparkProposer(DFlashProposer):
 
     def _settle_departed(self, req_ids: list[str]) -> None:
         departed = self.debt.owners().difference(req_ids)
-        if departed:
-            rows = self.debt.take(departed)
-            if self._keep_departed:
-                self._write(rows)
+        if departed and self._keep_departed:
+            self._write(self.debt.take(departed))
+        elif departed:
+            self.context_rows_dropped += self.debt.discard(departed)
 
     def _write(self, rows: Rows | None) -> None:
         """The context K/V pass over owed rows: fc, then every layer's K/V into its cache."""

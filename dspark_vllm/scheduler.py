@@ -98,6 +98,9 @@ class DSparkScheduler(LedgerScheduler):
         self._plan_next_draft(surv, counts, num_running, token_budget)
         self.stats.schedule_seconds += time.perf_counter() - t0
         draft_s = getattr(draft_token_ids, "dspark_draft_seconds", 0.0)
+        rows = getattr(draft_token_ids, "dspark_context_rows", None)
+        if rows is not None:
+            self.stats.context_rows = dict(zip(("written", "dropped", "owed"), rows))
         self.stats.draft_seconds += draft_s
         self.stats.verify_seconds -= draft_s  # the step time measured below includes drafting
         self._observe_costs(draft_s)

@@ -57,6 +57,7 @@ def main(argv=None) -> None:
         "drafts": counters.get("vllm:spec_decode_num_drafts"),
         "accepted": counters.get("vllm:spec_decode_num_accepted_tokens"),
         "context_rows_written": drafter.context_rows_written,
+        "context_rows_dropped": drafter.context_rows_dropped,
         "still_owed": len(drafter.debt)}), flush=True)
 
 

@@ -59,8 +59,11 @@ def test_taking_one_owner_leaves_the_others_in_step_order():
     assert a.slots.tolist() == [0, 2, 1]  # slot 1: the later row (step 2), order kept
     assert torch.equal(a.feats[2], s2.feats[1]) and torch.equal(a.feats[0], s1.feats[0])
     assert debt.owners() == {"b"} and len(debt) == 2
+    debt.record(["c"], [0, 1], _step([12]))
+    assert debt.discard({"c", "never-owed"}) == 1 and len(debt) == 2
     b = debt.take()
     assert b.slots.tolist() == [10, 11] and debt.owners() == set()
+    assert debt.bytes == 0
 
 
 def test_a_block_handed_to_a_new_owner_keeps_the_new_owners_rows():
@@ -125,3 +128,4 @@ def test_the_engine_drafts_the_same_with_deferred_context():
         assert run["still_owed"] == 0
     assert deferred["context_rows_written"] == every_step["context_rows_written"]
     assert dropped["context_rows_written"] < deferred["context_rows_written"]
+    assert dropped["context_rows_dropped"] > 0 == deferred["context_rows_dropped"]

@@ -332,7 +332,8 @@ def test_status_view_and_metrics(adaptive):
         text = r.read().decode()
     for name in ("dspark_verify_budget_tokens_bucket", "dspark_phase_seconds_total",
                  "dspark_accepted_tokens_expected_total", "dspark_cost_model_beta_seconds",
-                 "dspark_draft_passes_skipped_total", "dspark_step_cycle_seconds_total"):
+                 "dspark_draft_passes_skipped_total", "dspark_step_cycle_seconds_total",
+                 'dspark_context_rows_total{fate="written"}', "dspark_context_rows_owed"):
         assert name in text, name
     # Every series the bundled Grafana dashboard plots is one the server exports.
     import re

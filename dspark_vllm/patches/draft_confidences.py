@@ -2,8 +2,9 @@
 
 Why: the scheduler sizes each request's verification budget from the drafter's per-token
 confidences, but the V1 worker->engine message (DraftTokenIds) carries only token ids. The
-wrapper attaches the confidences, aligned with `req_ids`, as `dspark_confidences`, and the
-drafting time of the step as `dspark_draft_seconds` (phase metrics).
+wrapper attaches the confidences, aligned with `req_ids`, as `dspark_confidences`, the
+drafting time of the step as `dspark_draft_seconds` (phase metrics), and the drafter's
+context rows so far (written, dropped, owed now) as `dspark_context_rows`.
 Removed by: a confidence field on DraftTokenIds (upstream V2 keeps them on the device).
 """
 
@@ -31,6 +32,9 @@ def apply() -> None:
             out.dspark_confidences = conf[:n, : len(out.draft_token_ids[0]) if n else 0].tolist()
         if out is not None:
             out.dspark_draft_seconds = getattr(drafter, "last_draft_seconds", 0.0)
+            if hasattr(drafter, "debt"):
+                out.dspark_context_rows = (drafter.context_rows_written,
+                                           drafter.context_rows_dropped, len(drafter.debt))
         return out
 
     GPUModelRunner.take_draft_token_ids = mark(take_draft_token_ids, "draft_confidences")
