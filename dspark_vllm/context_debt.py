@@ -59,9 +59,13 @@ class ContextDebt:
         if len(bounds) != len(req_ids) + 1:
             raise ValueError(f"{len(req_ids)} requests need {len(req_ids) + 1} bounds, "
                              f"got {len(bounds)}")
+        whole = rows.feats.shape[0]
         for rid, a, b in zip(req_ids, bounds, bounds[1:]):
             if b > a:
-                chunk = Rows(rows.feats[a:b], rows.positions[a:b], rows.slots[a:b])
+                # A part of the step is copied: a view would keep the whole step's features
+                # alive (a 4k-token prefill's) after the other requests' rows are written.
+                feats = rows.feats[a:b] if b - a == whole else rows.feats[a:b].clone()
+                chunk = Rows(feats, rows.positions[a:b], rows.slots[a:b])
                 self._owed.setdefault(rid, []).append((self._seq, chunk))
                 self._seq += 1
                 self.rows += b - a

@@ -80,6 +80,18 @@ def test_a_block_handed_to_a_new_owner_keeps_the_new_owners_rows():
     assert torch.equal(cache, _replay([old, new], cache_size=8))
 
 
+def test_a_request_owes_only_its_own_rows_memory():
+    """A request's rows must not keep the whole step's features alive (the byte limit
+    counts only owed rows)."""
+    step = _step(list(range(100)))
+    debt = ContextDebt()
+    debt.record(["big-prefill", "decode"], [0, 99, 100], step)
+    debt.take({"big-prefill"})
+    (_, left), = debt._owed["decode"]
+    assert left.feats.untyped_storage().nbytes() == left.feats.nbytes
+    assert debt.bytes == left.feats.nbytes + 16
+
+
 def test_the_row_limit_and_bad_input():
     debt = ContextDebt(max_bytes=4 * (3 * 4 + 16))  # 4 rows of 3 float32 features
     debt.record(["a"], [0, 3], _step([0, 1, 2]))
