@@ -69,8 +69,6 @@ class DSparkServeConfig:
     """Drafts sampled from the draft distribution, verified with its probabilities."""
     keep_cached_block: bool = True
     """Keep the last cached prompt block vLLM drops for EAGLE-like drafters (BLOCK_DROP_ENV)."""
-    defer_context: bool = True
-    """Steps that draft nothing defer the drafter's context K/V (DEFER_ENV, context_debt.py)."""
 
     @classmethod
     def from_vllm_config(cls, vc) -> DSparkServeConfig:
@@ -118,7 +116,7 @@ class DSparkServeConfig:
             raise DSparkConfigError(
                 f"{BLOCK_DROP_ENV}={drop!r}: use 1 (drop the last cached prompt block, vLLM's "
                 "EAGLE behaviour) or 0 / unset (keep it, DSpark's default)")
-        defer = os.environ.get(DEFER_ENV, "1")
+        defer = os.environ.get(DEFER_ENV, "1")  # read by the proposer in the worker
         if defer not in ("0", "1"):
             raise DSparkConfigError(
                 f"{DEFER_ENV}={defer!r}: use 1 / unset (steps that draft nothing defer the "
@@ -126,7 +124,7 @@ class DSparkServeConfig:
                 "every step)")
         return cls(drafter_dir=path, drafter=dcfg, num_speculative_tokens=k, adaptive=adaptive,
                    probabilistic=sc.draft_sample_method == "probabilistic",
-                   keep_cached_block=drop == "0", defer_context=defer == "1")
+                   keep_cached_block=drop == "0")
 
     def activate(self) -> None:
         os.environ[ACTIVE_ENV] = "1"
