@@ -29,9 +29,12 @@ from dspark_vllm.serving import (BUNDLED_DRAFTER, VllmServer, acceptance_length,
 MAX_TOKENS = 128
 DEFAULT_MTP1 = "runs/smollm2/mtp-1/drafter"
 BATCH_SCHEDULE = [[1, 2, 7], [3, 4, 5], [5, 8, 3], [9, 16, 2], [17, 1024, 1]]
-# Server environments beyond the defaults: the budget with the drafter's context K/V written
-# on every step (DSPARK_DEFER_CONTEXT=0), the A/B for deferring it (context_debt.py).
-CONFIG_ENV = {"dspark-adaptive-stepwise-context": {"DSPARK_DEFER_CONTEXT": "0"}}
+# Server environments beyond the defaults, A/Bs run only when named: the budget with the
+# drafter's context K/V written on every step (DSPARK_DEFER_CONTEXT=0, against deferring it:
+# context_debt.py), and with vLLM's separate draft RPC after each step
+# (DSPARK_DRAFT_HANDOVER=0, against drafts on the step's output: patches/draft_handover.py).
+CONFIG_ENV = {"dspark-adaptive-stepwise-context": {"DSPARK_DEFER_CONTEXT": "0"},
+              "dspark-adaptive-draft-rpc": {"DSPARK_DRAFT_HANDOVER": "0"}}
 
 
 def configs(dspark: str, mtp1: str, fixed: tuple[int, ...]) -> dict[str, dict | None]:
@@ -42,7 +45,8 @@ def configs(dspark: str, mtp1: str, fixed: tuple[int, ...]) -> dict[str, dict | 
         c[f"dspark-k{k}"] = {"method": "dspark", "model": dspark, "num_speculative_tokens": k}
     c["dspark-adaptive"] = {"method": "dspark", "model": dspark, "num_speculative_tokens": 7,
                             "enable_adaptive_verification": True}
-    c["dspark-adaptive-stepwise-context"] = dict(c["dspark-adaptive"])
+    for name in CONFIG_ENV:
+        c[name] = dict(c["dspark-adaptive"])
     c["vllm-batch-schedule"] = {"method": "dspark", "model": dspark, "num_speculative_tokens": 7,
                                 "num_speculative_tokens_per_batch_size": BATCH_SCHEDULE}
     return c

@@ -18,6 +18,7 @@ SCHEDULER_CLS = "dspark_vllm.scheduler.DSparkScheduler"
 LEDGER_SCHEDULER_CLS = "dspark_vllm.ledger_scheduler.LedgerScheduler"  # plain + step ledger
 BLOCK_DROP_ENV = "DSPARK_EAGLE_BLOCK_DROP"  # "1": vLLM's EAGLE prefix-cache block drop
 DEFER_ENV = "DSPARK_DEFER_CONTEXT"  # "0": write the drafter's context K/V every step
+HANDOVER_ENV = "DSPARK_DRAFT_HANDOVER"  # "0": drafts reach the engine by vLLM's extra RPC
 ACTIVE_ENV = "DSPARK_VLLM_ACTIVE"  # set once a dspark config is validated; inherited by
 # the engine and worker processes so the plugin patches only engines that serve DSpark
 
@@ -122,6 +123,11 @@ class DSparkServeConfig:
                 f"{DEFER_ENV}={defer!r}: use 1 / unset (steps that draft nothing defer the "
                 "drafter's context K/V to one batched write, the default) or 0 (write it "
                 "every step)")
+        handover = os.environ.get(HANDOVER_ENV, "1")  # read by the plugin in each process
+        if handover not in ("0", "1"):
+            raise DSparkConfigError(
+                f"{HANDOVER_ENV}={handover!r}: use 1 / unset (a step's drafts ride its output "
+                "to the engine, the default) or 0 (vLLM's separate take_draft_token_ids RPC)")
         return cls(drafter_dir=path, drafter=dcfg, num_speculative_tokens=k, adaptive=adaptive,
                    probabilistic=sc.draft_sample_method == "probabilistic",
                    keep_cached_block=drop == "0")

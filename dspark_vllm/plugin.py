@@ -42,10 +42,12 @@ def install_engine_patches() -> None:
     if _state["engine"]:
         return
     _state["engine"] = True
-    from .patches import cost_profile, cpu_seeded_sampling, draft_confidences, v1_drafter
+    from .patches import (cost_profile, cpu_seeded_sampling, draft_confidences,
+                          draft_handover, v1_drafter)
 
     v1_drafter.apply()
     draft_confidences.apply()
+    draft_handover.apply()
     cpu_seeded_sampling.apply()
     cost_profile.apply()
     log.info("dspark-vllm: DSpark proposer installed on the V1 model runner")

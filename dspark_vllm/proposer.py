@@ -108,9 +108,8 @@ class DSparkProposer(DFlashProposer):
         self.model.precompute_and_store_context_kv(hidden, rows.positions, rows.slots)
         self.context_rows_written += hidden.shape[0]
 
-    def _context_only(self, feats: torch.Tensor, req_ids: list[str], *, target_token_ids,
-                      next_token_ids, target_positions, common_attn_metadata,
-                      num_rejected_tokens_gpu=None, **_) -> torch.Tensor:
+    def _context_only(self, feats: torch.Tensor, req_ids: list[str], *, target_positions,
+                      common_attn_metadata, **_) -> torch.Tensor:
         """The scheduler asked for no drafts this step (budget 0 under load): record the
         context rows this step owes the drafter (context_debt.py) and skip the pass.
         feats: [T, n_layers * H] -> draft ids [B, 0]."""
@@ -118,16 +117,27 @@ class DSparkProposer(DFlashProposer):
         self.last_confidences = None
         self._last_draft_probs = None
         cad = common_attn_metadata
-        # Only the positions and slots this computes are used (not the query inputs).
-        self.set_inputs_first_pass(target_token_ids, next_token_ids, target_positions,
-                                   feats, None, cad, num_rejected_tokens_gpu)
-        n = feats.shape[0]
-        self.debt.record(req_ids, cad.query_start_loc_cpu[: len(req_ids) + 1].tolist(), Rows(
-            feats, self._context_positions_buffer[:n].clone(),
-            self._context_slot_mapping_buffer[:n].clone()))
+        bounds = cad.query_start_loc_cpu[: len(req_ids) + 1]
+        positions, slots = self._context_slots(target_positions, cad, bounds)
+        self.debt.record(req_ids, bounds.tolist(), Rows(feats, positions, slots))
         if self.debt.over_limit() or not self._defer:
             self._write(self.debt.take())
         return torch.empty((cad.batch_size(), 0), dtype=torch.int64, device=feats.device)
+
+    def _context_slots(self, target_positions, cad, bounds):
+        """Positions and drafter cache slots of a step's context rows, as DFlash's input
+        kernel lays them out for its context half (the slot of position p of request r is
+        block_table[r, p // block_size] * block_size + p % block_size), without building the
+        query half a step with no drafts never runs. bounds: [B + 1] CPU row offsets ->
+        ([n], [n]) for the n = bounds[-1] rows the requests own."""
+        n = int(bounds[-1])
+        counts = bounds.diff().to(target_positions.device)
+        req = torch.repeat_interleave(torch.arange(len(counts), device=counts.device), counts)
+        pos = target_positions[:n].long()  # [n]
+        table = cad.block_table_tensor  # [max_reqs, max_blocks]
+        block = (pos // self.block_size).clamp(max=table.shape[1] - 1)
+        slots = table[req, block].long() * self.block_size + pos % self.block_size  # [n]
+        return pos.clone(), slots
 
     def set_inputs_first_pass(self, target_token_ids, next_token_ids, target_positions,
                               target_hidden_states, token_indices_to_sample, cad,

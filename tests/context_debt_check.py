@@ -1,4 +1,4 @@
-"""Run as `python -m tests.context_debt_check --defer 0|1 --prefix-caching 0|1`: one engine
+"""Run as `python -m tests.context_debt_check --defer 0|1 --prefix-caching 0|1 [--handover 0|1]`: one engine
 (in this process) on the bundled target and drafter, drafting only when it holds a single
 request (vLLM's batch-size schedule with K = 0 above one), fed in three phases:
 
@@ -8,7 +8,8 @@ request (vLLM's batch-size schedule with K = 0 above one), fed in three phases:
      drafter K/V included (written when B left), and it drafts from its first step.
 
 Prints one JSON line: the outputs, vLLM's draft and acceptance counters, and the context
-rows the drafter computed. Deferred or not, the drafts must be the same."""
+rows the drafter computed, and how often the engine asked the worker for drafts by RPC
+(none when the drafts ride each step's output). Either way, the drafts must be the same."""
 
 from __future__ import annotations
 
@@ -21,8 +22,10 @@ def main(argv=None) -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--defer", choices=("0", "1"), required=True)
     p.add_argument("--prefix-caching", choices=("0", "1"), required=True)
+    p.add_argument("--handover", choices=("0", "1"), default="1")
     args = p.parse_args(argv)
     os.environ["DSPARK_DEFER_CONTEXT"] = args.defer
+    os.environ["DSPARK_DRAFT_HANDOVER"] = args.handover
     from vllm import SamplingParams
 
     from benchmarks.engine_profile import in_process_llm
@@ -37,6 +40,15 @@ def main(argv=None) -> None:
     a = encode_chat(tok, gsm8k_heldout()[0]["messages"])
     b = encode_chat(tok, humaneval()[32]["messages"])  # 311 tokens: 2 full 128-token blocks
     eng = llm.llm_engine
+    executor = eng.engine_core.engine_core.model_executor  # in-process engine core
+    rpcs = [0]
+    take = executor.take_draft_token_ids
+
+    def counted_take():
+        rpcs[0] += 1
+        return take()
+
+    executor.take_draft_token_ids = counted_take
     out: dict[str, list[int]] = {}
 
     def run(reqs: dict[str, tuple[list[int], int]]) -> None:
@@ -58,7 +70,7 @@ def main(argv=None) -> None:
         "accepted": counters.get("vllm:spec_decode_num_accepted_tokens"),
         "context_rows_written": drafter.context_rows_written,
         "context_rows_dropped": drafter.context_rows_dropped,
-        "still_owed": len(drafter.debt)}), flush=True)
+        "still_owed": len(drafter.debt), "draft_rpcs": rpcs[0]}), flush=True)
 
 
 if __name__ == "__main__":

@@ -58,6 +58,12 @@ def test_context_deferral_switch_is_validated(target, good, monkeypatch):
     _refused(target, spec, "DSPARK_DEFER_CONTEXT='off': use 1 / unset")
 
 
+def test_draft_handover_switch_is_validated(target, good, monkeypatch):
+    spec = {"method": "dspark", "model": good, "num_speculative_tokens": 4}
+    monkeypatch.setenv("DSPARK_DRAFT_HANDOVER", "rpc")
+    _refused(target, spec, "DSPARK_DRAFT_HANDOVER='rpc': use 1 / unset")
+
+
 def test_the_collector_follows_schedulers_that_keep_the_ledger():
     from vllm.v1.core.sched.scheduler import Scheduler
 

@@ -111,14 +111,14 @@ def test_only_padding_owes_nothing():
     assert debt.take() is None and len(debt) == 0
 
 
-def _engine_run(defer: str, prefix_caching: str) -> dict:
+def _engine_run(defer: str, prefix_caching: str, handover: str = "1") -> dict:
     import json
     import subprocess
     import sys
     from pathlib import Path
 
     r = subprocess.run([sys.executable, "-m", "tests.context_debt_check", "--defer", defer,
-                        "--prefix-caching", prefix_caching], capture_output=True, text=True,
+                        "--prefix-caching", prefix_caching, "--handover", handover], capture_output=True, text=True,
                        timeout=900, cwd=Path(__file__).resolve().parent.parent)
     lines = [x for x in r.stdout.splitlines() if x.startswith("{")]
     assert r.returncode == 0 and lines, (r.stdout[-2000:], r.stderr[-3000:])
@@ -129,12 +129,16 @@ def test_the_engine_drafts_the_same_with_deferred_context():
     """The bundled drafter in a real engine, drafting only when alone (phases in
     tests/context_debt_check.py): deferring the context K/V (prefix cache on: a departed
     request's rows are written for the cache; off: dropped) proposes and accepts exactly
-    what writing it every step does, and with the prefix cache off computes fewer rows."""
-    every_step = _engine_run("0", "1")
+    what writing it every step does, and with the prefix cache off computes fewer rows.
+    The reference run is also vLLM's own draft hand-over (one RPC a step); the others hand
+    the drafts over on each step's output (patches/draft_handover.py) and never ask."""
+    every_step = _engine_run("0", "1", handover="0")
     deferred = _engine_run("1", "1")
     dropped = _engine_run("1", "0")
     assert every_step["drafts"] > 0 and every_step["accepted"] > 0
+    assert every_step["draft_rpcs"] > 0
     for run in (deferred, dropped):
+        assert run["draft_rpcs"] == 0
         assert run["outputs"] == every_step["outputs"]
         assert (run["drafts"], run["accepted"]) == (every_step["drafts"], every_step["accepted"])
         assert run["still_owed"] == 0

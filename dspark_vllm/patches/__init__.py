@@ -5,6 +5,8 @@ which upstream change would remove it. `apply()` in every module is idempotent.
   adaptive_gate.py       VllmConfig._validate_adaptive_verification (V2-only graph rule)
   v1_drafter.py          GPUModelRunner.__init__ (build DSparkProposer for method dspark)
   draft_confidences.py   GPUModelRunner.take_draft_token_ids (confidences -> scheduler)
+  draft_handover.py      GPUModelRunner.sample_tokens, Scheduler.update_from_output,
+                         EngineCore.post_step (drafts ride the step's output: one RPC less)
   cost_profile.py        GPUModelRunner.initialize_kv_cache (start-up cost profile)
   cpu_seeded_sampling.py GPUModelRunner._bookkeeping_sync (seeded requests crash on CPU)
   cpu_expand_batch.py    rejection_sampler.expand_batch_to_tokens (CPU: T > 0 verification)
