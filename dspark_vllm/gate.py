@@ -11,7 +11,11 @@ prediction decides.
 
 Exploration: a short burst of the other arm every PROBE_EVERY steps, but only where drafting
 is off or neither the prediction nor the arms say it clearly pays, so a quiet engine, where
-drafting clearly pays, never spends a step finding that out again.
+drafting clearly pays, never spends a step finding that out again. A burst that leaves the
+gate's choice at its load unchanged doubles that load's interval (up to PROBE_MAX_EVERY); one
+that changes it resets the interval: a steady busy engine, where bursts keep confirming
+"do not draft", stops paying for them (11% of its steps at 16 requests before, each burst's
+first step a draft pass nothing verifies).
 
 Causality: the arms read finished steps only; no draft is admitted or dropped because of
 how it turned out (admission stays budget.admit_greedy's), only the next step's draft length.
@@ -22,6 +26,8 @@ from __future__ import annotations
 # Tuning constants, each with its reason.
 PROBE_EVERY = 32  # steps in one state before a burst of the other: ~1/9 of steps at the margin
 PROBE_BURST = 4  # steps per burst; the first is a transition (not sampled), 3 clean samples
+PROBE_MAX_EVERY = 512  # the interval's ceiling after confirming bursts: ~40 s at 16 requests
+                       # here, so a change in the traffic's predictability is still found
 EXPLORE_MARGIN = 1.3  # predicted gains above this are not worth re-checking (c=1: ~2-3x)
 MEASURED_SURE = 1.5  # nor measured ones above this (c=1 on this CPU: 37 vs 17 tok/s). Higher
                      # than EXPLORE_MARGIN: at 16 requests the arms read 1.35x where the
@@ -90,28 +96,40 @@ class Explorer:
     """When to spend a burst of steps on the arm the gate would not choose."""
 
     def __init__(self, every: int = PROBE_EVERY, burst: int = PROBE_BURST,
-                 margin: float = EXPLORE_MARGIN, measured_margin: float = MEASURED_SURE) -> None:
-        self.every, self.burst = every, burst
+                 margin: float = EXPLORE_MARGIN, measured_margin: float = MEASURED_SURE,
+                 max_every: int = PROBE_MAX_EVERY) -> None:
+        self.every, self.burst, self.max_every = every, burst, max(max_every, every)
         self.margin, self.measured_margin = margin, measured_margin
         self.streak = 0  # steps since the last burst ended
         self.left = 0  # steps left in the current burst
         self.arm = False  # the state a burst runs in
         self.bursts = 0
+        self.interval: dict[int, int] = {}  # load bucket -> steps between its bursts
+        self._probe: tuple[int, bool] | None = None  # the running burst: (bucket, choice before)
 
-    def decide(self, on: bool, gain: float, measured: float | None = None) -> bool:
+    def decide(self, on: bool, gain: float, measured: float | None = None,
+               batch: int = 0) -> bool:
         """The state the next step runs in: `on` (the gate's choice) or, in a burst, not on.
         Drafting off is always re-checked; drafting on only where neither the predicted
         `gain` (< margin) nor the `measured` one (< measured_margin, None: unmeasured) is
-        sure."""
+        sure. `batch`: the running requests, whose bucket keeps its own interval."""
         if self.left:
             self.left -= 1
             return self.arm
+        key = bucket(batch) if batch > 0 else 0
+        if self._probe is not None:  # the first decision after a burst: did it change ours?
+            probed, before = self._probe
+            self._probe = None
+            if probed == key:
+                grown = min(2 * self.interval.get(key, self.every), self.max_every)
+                self.interval[key] = grown if on == before else self.every
         self.streak += 1
         sure = gain >= self.margin or (measured is not None and measured >= self.measured_margin)
         unsure = not on or not sure
-        if unsure and self.streak >= self.every:
+        if unsure and self.streak >= self.interval.get(key, self.every):
             self.streak, self.left, self.arm = 0, self.burst - 1, not on
             self.bursts += 1
+            self._probe = (key, on)
             return self.arm
         return on
 

@@ -125,7 +125,7 @@ class DSparkScheduler(LedgerScheduler):
         on = measured if measured is not None else gain > 1.0
         # A clear measured win is not re-checked either: each burst at one request costs
         # half its steps' tokens.
-        on = self.explorer.decide(on, gain, self.rates.gain(num_running))
+        on = self.explorer.decide(on, gain, self.rates.gain(num_running), num_running)
         self.draft_len = self.stats.draft_len = length if on else 0
 
     def _observe_costs(self, draft_seconds: float) -> None:
@@ -185,6 +185,8 @@ class DSparkScheduler(LedgerScheduler):
                                "beta_s_per_slot": self.draft_cost.cost.beta},
                 "draft_len": self.draft_len,
                 "gate": {"tokens_per_second_by_batch": self.rates.table(),
-                         "exploration_bursts": self.explorer.bursts},
+                         "exploration_bursts": self.explorer.bursts,
+                         "exploration_every": {str(b): n for b, n in
+                                               sorted(self.explorer.interval.items())}},
                 "fallback_acceptance": self.estimator.rates(self.max_drafts),
                 "tracked_requests": len(self._admitted)}

@@ -59,12 +59,43 @@ def test_explorer_rechecks_off_always_and_on_only_when_unsure():
     assert all(ex.decide(True, 3.0) for _ in range(50)) and ex.bursts == 0
     ex = Explorer(every=4, burst=2, margin=1.3)
     states = [ex.decide(False, 0.8) for _ in range(12)]
-    # Off: every 4th step starts a 2-step drafting burst.
-    assert states == [False, False, False, True, True, False, False, False, True, True, False,
-                      False]
+    # Off: the 4th step starts a 2-step drafting burst (then, still off, the interval grows).
+    assert states == [False, False, False, True, True] + [False] * 7
     ex = Explorer(every=4, burst=2, margin=1.3)
     states = [ex.decide(True, 1.1) for _ in range(6)]  # on, but only just
     assert states == [True, True, True, False, False, True]
+
+
+def test_bursts_back_off_while_they_confirm_the_choice_and_reset_when_it_changes():
+    ex = Explorer(every=4, burst=2, margin=1.3, max_every=16)
+    starts, prev = [], False
+    for i in range(80):
+        state = ex.decide(False, 0.8, batch=16)
+        if state and not prev:
+            starts.append(i)
+        prev = state
+    # Intervals 4, 8, 16, 16, ... steps (the first of them the burst's end): every burst
+    # confirmed "off".
+    assert starts == [3, 12, 29, 46, 63]
+    # A burst after which the gate's choice changed resets its load's interval.
+    ex = Explorer(every=4, burst=2, margin=1.3, max_every=16)
+    for _ in range(5):
+        ex.decide(False, 0.8, batch=16)  # 3 off, then a 2-step burst
+    assert ex.interval == {}
+    ex.decide(False, 0.8, batch=16)
+    assert ex.interval == {16: 8}
+    for _ in range(8):
+        ex.decide(False, 0.8, batch=16)  # 6 off, the next burst's 2 steps
+    assert ex.decide(True, 1.1, batch=16) is True  # the burst turned the choice on
+    assert ex.interval == {16: 4}
+    # Loads keep separate intervals: bursts confirmed at 16 do not stretch 4's.
+    ex = Explorer(every=4, burst=2, margin=1.3, max_every=16)
+    for _ in range(29):
+        ex.decide(False, 0.8, batch=16)  # bursts at 3 and 12, the third due at 29
+    assert ex.interval == {16: 16} and ex.streak == 15
+    # At 4 requests the same 16 steps since the last burst are past 4's interval.
+    assert [ex.decide(False, 0.8, batch=4) for _ in range(4)] == [True, True, False, False]
+    assert ex.interval == {16: 16, 4: 8}
 
 
 def test_a_burst_keeps_its_arm_when_the_verdict_flips_mid_burst():
