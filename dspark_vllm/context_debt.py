@@ -10,10 +10,12 @@ written in one batched pass when something will read them:
 
   * before any step that drafts (its blocks attend to the whole context);
   * when their request leaves the batch (finished or preempted) and the prefix cache is on:
-    its blocks stay cached for later requests, whose drafts read that K/V. A block handed to
-    a new request is written by the new owner only after this (its rows are recorded later),
-    so every slot still sees its writes in step order. With the prefix cache off nothing
-    reads a departed request's K/V again and its rows are dropped: never computed at all;
+    its full blocks stay cached for later requests, whose drafts read that K/V. A block
+    handed to a new request is written by the new owner only after this (its rows are
+    recorded later), so every slot still sees its writes in step order. The rows of its last,
+    partial block are dropped: the prefix cache keeps only full blocks, so nothing reads
+    them again. With the prefix cache off nothing reads a departed request's K/V again and
+    all its rows are dropped: never computed at all;
   * when more than `max_bytes` of rows are owed (bounded memory).
 
 Within one write a slot recorded twice (a rejected draft's position, recorded again when
@@ -81,6 +83,32 @@ class ContextDebt:
             for _, r in self._owed.pop(rid, ()):
                 n += r.slots.shape[0]
                 self.bytes -= r.slots.shape[0] * _row_bytes(r)
+        self.rows -= n
+        return n
+
+    def drop_partial_blocks(self, owners: set[str], block_size: int) -> int:
+        """Forget the rows of `owners` past their last full block of `block_size` positions
+        (counted from the request's last owed position) -> how many rows."""
+        n = 0
+        for rid in owners:
+            chunks = self._owed.get(rid)
+            if not chunks:
+                continue
+            end = (max(int(r.positions.max()) for _, r in chunks) + 1) // block_size * block_size
+            kept = []
+            for seq, r in chunks:
+                keep = r.positions < end
+                gone = int(r.positions.shape[0] - keep.sum())
+                if gone:
+                    n += gone
+                    self.bytes -= gone * _row_bytes(r)
+                    r = Rows(r.feats[keep], r.positions[keep], r.slots[keep])
+                if r.positions.shape[0]:
+                    kept.append((seq, r))
+            if kept:
+                self._owed[rid] = kept
+            else:
+                del self._owed[rid]
         self.rows -= n
         return n
 

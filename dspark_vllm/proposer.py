@@ -95,7 +95,8 @@ class DSparkProposer(DFlashProposer):
 
     def _settle_departed(self, req_ids: list[str]) -> None:
         departed = self.debt.owners().difference(req_ids)
-        if departed and self._keep_departed:
+        if departed and self._keep_departed:  # only full blocks stay in the prefix cache
+            self.context_rows_dropped += self.debt.drop_partial_blocks(departed, self.block_size)
             self._write(self.debt.take(departed))
         elif departed:
             self.context_rows_dropped += self.debt.discard(departed)

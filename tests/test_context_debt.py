@@ -128,8 +128,8 @@ def _engine_run(defer: str, prefix_caching: str, handover: str = "1") -> dict:
 def test_the_engine_drafts_the_same_with_deferred_context():
     """The bundled drafter in a real engine, drafting only when alone (phases in
     tests/context_debt_check.py): deferring the context K/V (prefix cache on: a departed
-    request's rows are written for the cache; off: dropped) proposes and accepts exactly
-    what writing it every step does, and with the prefix cache off computes fewer rows.
+    request's rows are written for the cache, but for its partial last block; off: dropped)
+    proposes and accepts exactly what writing it every step does, and computes fewer rows.
     The reference run is also vLLM's own draft hand-over (one RPC a step); the others hand
     the drafts over on each step's output (patches/draft_handover.py) and never ask."""
     every_step = _engine_run("0", "1", handover="0")
@@ -142,6 +142,28 @@ def test_the_engine_drafts_the_same_with_deferred_context():
         assert run["outputs"] == every_step["outputs"]
         assert (run["drafts"], run["accepted"]) == (every_step["drafts"], every_step["accepted"])
         assert run["still_owed"] == 0
-    assert deferred["context_rows_written"] == every_step["context_rows_written"]
-    assert dropped["context_rows_written"] < deferred["context_rows_written"]
-    assert dropped["context_rows_dropped"] > 0 == deferred["context_rows_dropped"]
+    # Prefix cache on: every row the step-by-step run wrote is written once or dropped, and
+    # only B's last, partial block is dropped when it leaves (C reads its full blocks); off:
+    # all B's owed rows are (C recomputes B's prompt, so more rows are recorded in all).
+    total = deferred["context_rows_written"] + deferred["context_rows_dropped"]
+    assert total == every_step["context_rows_written"]
+    assert 0 < deferred["context_rows_dropped"] < dropped["context_rows_dropped"]
+    assert dropped["context_rows_written"] <= deferred["context_rows_written"]
+
+
+def test_a_departed_request_keeps_only_its_full_blocks():
+    """Only full blocks stay in the prefix cache, so rows past a departed request's last full
+    block are dropped (block size 4 here); other requests' rows are untouched."""
+    debt = ContextDebt()
+    debt.record(["a", "b"], [0, 6, 9], Rows(torch.rand(9, 3), torch.tensor(
+        [0, 1, 2, 3, 4, 5, 0, 1, 2]), torch.arange(9)))  # a: positions 0-5, b: 0-2
+    debt.record(["a"], [0, 4], _step([20, 21, 22, 23], first_pos=6))  # a: 6-9
+    before = debt.bytes
+    assert debt.drop_partial_blocks({"a"}, block_size=4) == 2  # a's positions 8, 9
+    assert len(debt) == 10 - 2 + 3 and debt.bytes < before
+    rows = debt.take({"a"})
+    assert rows.positions.tolist() == list(range(8))
+    assert debt.drop_partial_blocks({"b"}, block_size=4) == 3  # b never filled a block
+    assert debt.owners() == set() and len(debt) == 0 and debt.bytes == 0
+    debt.record(["c"], [0, 8], _step(list(range(8))))
+    assert debt.drop_partial_blocks({"c"}, block_size=4) == 0  # ends on a block boundary
