@@ -5,8 +5,8 @@ second RPC after every step (`EngineCore.post_step` -> `take_draft_token_ids`). 
 (and the DSpark confidences) are known when `sample_tokens` returns, so the worker puts
 them on that step's ModelRunnerOutput (`dspark_drafts`), the scheduler keeps them when it
 reads the output, and `post_step` hands them over without the round trip: one worker RPC
-a step instead of two (py-spy under 16 clients: the extra RPC was ~0.9 ms of engine time
-a step, the largest DSpark-only item).
+a step instead of two. Served at 16 requests, the engine's time around each model step
+fell from 3.3-3.9 ms to 1.2 ms (step ledger; plain decoding 0.7 ms).
 
 Safety: the worker's read is not destructive, and the scheduler keeps only the output of
 the step just run, so any step whose output carries no drafts (an early return of the
