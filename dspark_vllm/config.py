@@ -27,6 +27,17 @@ class DSparkConfigError(ValueError):
     pass
 
 
+def _switch(name: str, default: str, one: str, zero: str) -> bool:
+    """A 0/1 environment switch (unset: `default`) -> whether it is 1; anything else is
+    refused with what each value means."""
+    value = os.environ.get(name, default)
+    if value not in ("0", "1"):
+        unset = {default: " / unset"}
+        raise DSparkConfigError(f"{name}={value!r}: use 1{unset.get('1', '')} ({one}) or "
+                                f"0{unset.get('0', '')} ({zero})")
+    return value == "1"
+
+
 def vllm_version_ok(version: str) -> bool:
     try:
         major, minor = (int(x) for x in version.split(".")[:2])
@@ -112,25 +123,16 @@ class DSparkServeConfig:
             raise DSparkConfigError(
                 f"{where} enable_adaptive_verification=true needs synchronous scheduling "
                 "(the budget reads each step's confidences); add --no-async-scheduling")
-        drop = os.environ.get(BLOCK_DROP_ENV, "0")
-        if drop not in ("0", "1"):
-            raise DSparkConfigError(
-                f"{BLOCK_DROP_ENV}={drop!r}: use 1 (drop the last cached prompt block, vLLM's "
-                "EAGLE behaviour) or 0 / unset (keep it, DSpark's default)")
-        defer = os.environ.get(DEFER_ENV, "1")  # read by the proposer in the worker
-        if defer not in ("0", "1"):
-            raise DSparkConfigError(
-                f"{DEFER_ENV}={defer!r}: use 1 / unset (steps that draft nothing defer the "
-                "drafter's context K/V to one batched write, the default) or 0 (write it "
-                "every step)")
-        handover = os.environ.get(HANDOVER_ENV, "1")  # read by the plugin in each process
-        if handover not in ("0", "1"):
-            raise DSparkConfigError(
-                f"{HANDOVER_ENV}={handover!r}: use 1 / unset (a step's drafts ride its output "
-                "to the engine, the default) or 0 (vLLM's separate take_draft_token_ids RPC)")
+        drop = _switch(BLOCK_DROP_ENV, "0", "drop the last cached prompt block, vLLM's EAGLE "
+                       "behaviour", "keep it, DSpark's default")
+        # Read in the worker (proposer) and in each process (plugin); validated here, once.
+        _switch(DEFER_ENV, "1", "steps that draft nothing defer the drafter's context K/V to "
+                "one batched write, the default", "write it every step")
+        _switch(HANDOVER_ENV, "1", "a step's drafts ride its output to the engine, the default",
+                "vLLM's separate take_draft_token_ids RPC")
         return cls(drafter_dir=path, drafter=dcfg, num_speculative_tokens=k, adaptive=adaptive,
                    probabilistic=sc.draft_sample_method == "probabilistic",
-                   keep_cached_block=drop == "0")
+                   keep_cached_block=not drop)
 
     def activate(self) -> None:
         os.environ[ACTIVE_ENV] = "1"
