@@ -20,7 +20,8 @@ def _make_data(a: argparse.Namespace) -> None:
     from .train.make_data import MakeDataConfig, make_data
 
     cfg = MakeDataConfig(out_dir=a.out, target=a.target, num_prompts=a.num_prompts,
-                         max_new_tokens=a.max_new_tokens, shard_size=a.shard_size, seed=a.seed)
+                         first_prompt=a.first_prompt, max_new_tokens=a.max_new_tokens,
+                         shard_size=a.shard_size, seed=a.seed)
     print(make_data(cfg))
 
 
@@ -37,6 +38,11 @@ def _build_cache(a: argparse.Namespace) -> None:
     print(f"{c.root}: {len(c)} sequences, {c.info.offsets[len(c)]} tokens, layers {layers}")
 
 
+def _caches(a: argparse.Namespace) -> str | list[str]:
+    """--cache DIR [DIR ...]: one directory, or several read as one."""
+    return a.cache[0] if len(a.cache) == 1 else a.cache
+
+
 def _train(a: argparse.Namespace) -> None:
     from .train.recipe import VARIANTS
     from .train.trainer import TrainConfig, train
@@ -44,11 +50,11 @@ def _train(a: argparse.Namespace) -> None:
     if a.variant == "mtp-1":
         from .train.eagle import EagleConfig, train_eagle
 
-        print(train_eagle(EagleConfig(cache=a.cache, out=a.out, target=a.target,
+        print(train_eagle(EagleConfig(cache=_caches(a), out=a.out, target=a.target,
                                       epochs=a.epochs, max_steps=a.max_steps)))
         return
 
-    cfg = TrainConfig(cache=a.cache, out=a.out, target=a.target, epochs=a.epochs,
+    cfg = TrainConfig(cache=_caches(a), out=a.out, target=a.target, epochs=a.epochs,
                       data_fraction=a.data_fraction, **VARIANTS[a.variant])
     for k in ("num_layers", "markov_rank", "block_size", "lr", "batch_size", "anchors",
               "max_steps", "draft_vocab_size", "mask_token_id", "markov_init", "seed"):
@@ -60,7 +66,7 @@ def _train(a: argparse.Namespace) -> None:
 def _calibrate(a: argparse.Namespace) -> None:
     from .train.calibrate import calibrate
 
-    print(json.dumps(calibrate(a.drafter, a.cache, a.target, max_blocks=a.max_blocks), indent=2))
+    print(json.dumps(calibrate(a.drafter, _caches(a), a.target, max_blocks=a.max_blocks), indent=2))
 
 
 def _recipe(a: argparse.Namespace) -> None:
@@ -116,6 +122,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--out", required=True)
     s.add_argument("--target", default="default")
     s.add_argument("--num-prompts", type=int, default=4500)
+    s.add_argument("--first-prompt", type=int, default=0,
+                   help="skip this many prompts of the mix (add data to an earlier run)")
     s.add_argument("--max-new-tokens", type=int, default=320)
     s.add_argument("--shard-size", type=int, default=384)
     s.add_argument("--seed", type=int, default=0)
@@ -135,7 +143,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(fn=_build_cache)
 
     s = sub.add_parser("train", help="distil a drafter from a feature cache")
-    s.add_argument("--cache", required=True)
+    s.add_argument("--cache", required=True, nargs="+",
+                   help="feature cache directory; several are read as one (more data)")
     s.add_argument("--out", required=True)
     s.add_argument("--target", default="default")
     s.add_argument("--variant", default="dspark-2l",
@@ -153,7 +162,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("calibrate", help="Sequential Temperature Scaling of the confidence head")
     s.add_argument("--drafter", required=True)
-    s.add_argument("--cache", required=True)
+    s.add_argument("--cache", required=True, nargs="+",
+                   help="feature cache directory; several are read as one (more data)")
     s.add_argument("--target", default="default")
     s.add_argument("--max-blocks", type=int, default=4000)
     s.set_defaults(fn=_calibrate)

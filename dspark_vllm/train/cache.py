@@ -145,6 +145,66 @@ class FeatureCache:
         return [self.info.layer_ids.index(i) for i in layer_ids]
 
 
+    def spans(self) -> list[tuple[int, int]]:
+        """(first sequence, count) of each cache this one is made of: itself."""
+        return [(0, len(self))]
+
+
+class CacheUnion:
+    """Several feature caches read as one (more data for a drafter without rebuilding the
+    cache it already has): sequences of the first, then of the second, ... Each part keeps
+    its own held-out tail (`spans`), so nothing a part held out is trained on."""
+
+    def __init__(self, roots: list[str | Path]) -> None:
+        self.parts = [FeatureCache(r) for r in roots]
+        first = self.parts[0].info
+        for c in self.parts[1:]:
+            for k in ("hidden_size", "layer_ids"):
+                if getattr(c.info, k) != getattr(first, k):
+                    raise ValueError(f"cache {c.root} has {k}={getattr(c.info, k)}, but "
+                                     f"{self.parts[0].root} has {getattr(first, k)}: caches "
+                                     "trained together must come from the same target and layers")
+        self.starts = np.cumsum([0] + [len(c) for c in self.parts]).tolist()
+        offsets, plens, temps, tokens, base = [0], [], [], [], 0
+        for c in self.parts:
+            n, ci = len(c), c.info
+            offsets += [base + o for o in ci.offsets[1:n + 1]]
+            plens += ci.prompt_lens[:n]
+            temps += ci.temperatures[:n]
+            tokens.append(np.asarray(c.tokens[:ci.offsets[n]]))
+            base += ci.offsets[n]
+        self.tokens = np.concatenate(tokens)  # [sum of tokens] int32, in memory (4 B/token)
+        self.info = CacheInfo(target=first.target, layer_ids=first.layer_ids,
+                              hidden_size=first.hidden_size, num_tokens=base, offsets=offsets,
+                              prompt_lens=plens, temperatures=temps, done=len(plens),
+                              dtype=first.dtype, order="index", feat_dtype=first.feat_dtype)
+        self.root = Path("+".join(str(c.root) for c in self.parts))
+
+    def __len__(self) -> int:
+        return self.starts[-1]
+
+    def _part(self, i: int) -> tuple[FeatureCache, int]:
+        k = int(np.searchsorted(self.starts, i, side="right")) - 1
+        return self.parts[k], i - self.starts[k]
+
+    def sequence(self, i: int) -> dict[str, torch.Tensor]:
+        part, j = self._part(i)
+        return part.sequence(j)
+
+    def select(self, layer_ids: list[int]) -> list[int]:
+        return self.parts[0].select(layer_ids)
+
+    def spans(self) -> list[tuple[int, int]]:
+        return [(s, len(c)) for s, c in zip(self.starts, self.parts)]
+
+
+def open_cache(roots: str | Path | list) -> FeatureCache | CacheUnion:
+    """One cache directory, or several (a list) read as one."""
+    if isinstance(roots, (list, tuple)):
+        return FeatureCache(roots[0]) if len(roots) == 1 else CacheUnion(list(roots))
+    return FeatureCache(roots)
+
+
 def build_cache(data_dir: str | Path, out: str | Path, target_path: str, layer_ids: list[int],
                 max_gb: float = 9.5, max_len: int = 768, batch_tokens: int = 4096,
                 limit: int | None = None, dtype: str = "float32",

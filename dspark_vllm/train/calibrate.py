@@ -127,7 +127,7 @@ def calibrate(drafter_dir: str | Path, cache_dir: str | Path, target: str = "def
         raise ValueError(f"max_blocks={max_blocks}: calibration needs at least one block")
     from ..drafter.checkpoint import load_drafter
     from ..target import load_target
-    from .cache import FeatureCache
+    from .cache import open_cache
     from .trainer import heldout_split
 
     target_model, _ = load_target(target, tokenizer=False)
@@ -136,7 +136,7 @@ def calibrate(drafter_dir: str | Path, cache_dir: str | Path, target: str = "def
                            target_num_layers=target_model.config.num_hidden_layers).eval()
     if drafter.confidence_head is None:
         raise ValueError(f"{drafter_dir}: the drafter has no confidence head to calibrate")
-    cache = FeatureCache(cache_dir)
+    cache = open_cache(cache_dir)
     cols = cache.select(drafter.cfg.target_layer_ids)
     seqs = list(heldout_split(cache, heldout))
     if sum(cache.info.temperatures[i] == 0.0 for i in seqs) < MIN_GREEDY_SEQS:

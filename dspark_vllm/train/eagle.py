@@ -21,7 +21,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from ..drafter.model import RMSNorm, rope
-from .cache import FeatureCache
+from .cache import open_cache
 from .trainer import pad_batch, train_split
 
 log = logging.getLogger("vllm.dspark.eagle")
@@ -102,7 +102,7 @@ def train_eagle(cfg: EagleConfig) -> Path:
     from ..target import load_target
 
     target, _ = load_target(cfg.target, tokenizer=False)
-    cache = FeatureCache(cfg.cache)
+    cache = open_cache(cfg.cache)
     seqs = list(train_split(cache, cfg.heldout))
     torch.manual_seed(cfg.seed)
     head = EagleHead(target.config, target.get_input_embeddings().weight)

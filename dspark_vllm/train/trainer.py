@@ -23,7 +23,7 @@ from safetensors.torch import load_file, save_file
 from ..drafter.checkpoint import save_drafter
 from ..drafter.config import DSparkDrafterConfig, drafter_config_for_target
 from ..drafter.model import DSparkDrafter, block_inputs, block_mask
-from .cache import FeatureCache
+from .cache import FeatureCache, open_cache
 from .loss import LossWeights, dspark_loss
 
 log = logging.getLogger("vllm.dspark.train")
@@ -31,7 +31,7 @@ log = logging.getLogger("vllm.dspark.train")
 
 @dataclass
 class TrainConfig:
-    cache: str
+    cache: str | list[str]  # a feature cache directory, or several trained on as one
     out: str
     target: str = "default"
     num_layers: int = 2
@@ -94,13 +94,19 @@ class TrainConfig:
             raise ValueError("; ".join(bad))
 
 
-def train_split(cache: FeatureCache, heldout: float) -> range:
-    n = len(cache)
-    return range(n - max(int(n * heldout), 1) if heldout > 0 else n)
+def _split(n: int, heldout: float) -> int:
+    """How many of n sequences train: the last `heldout` share (at least one) is held out."""
+    return n - max(int(n * heldout), 1) if heldout > 0 else n
 
 
-def heldout_split(cache: FeatureCache, heldout: float) -> range:
-    return range(train_split(cache, heldout).stop, len(cache))
+def train_split(cache, heldout: float) -> list[int]:
+    """Training sequences: each cache's (or each part of a union's) first 1 - heldout."""
+    return [s + i for s, n in cache.spans() for i in range(_split(n, heldout))]
+
+
+def heldout_split(cache, heldout: float) -> list[int]:
+    """Held-out sequences: each cache's (or each part's) last `heldout` share."""
+    return [s + i for s, n in cache.spans() for i in range(_split(n, heldout), n)]
 
 
 def response_counts(cache: FeatureCache, seqs: list[int]) -> np.ndarray:
@@ -218,10 +224,10 @@ class Trainer:
         self.rank = dist.get_rank() if self.ddp else 0
         self.world = dist.get_world_size() if self.ddp else 1
         self.out = Path(cfg.out)
-        self.cache = FeatureCache(cfg.cache)
+        self.cache = open_cache(cfg.cache)
         target, _ = load_target(cfg.target, dtype=torch.float32, tokenizer=False)
-        self.seqs = list(range(int(math.ceil(len(train_split(self.cache, cfg.heldout))
-                                            * cfg.data_fraction))))
+        train_seqs = train_split(self.cache, cfg.heldout)
+        self.seqs = train_seqs[:int(math.ceil(len(train_seqs) * cfg.data_fraction))]
         emb, head = target.get_input_embeddings().weight, target.get_output_embeddings().weight
         counts = response_counts(self.cache, self.seqs)
         if cfg.mask_token_id is None:
