@@ -144,7 +144,6 @@ class FeatureCache:
                              f"the drafter needs {missing} too (rebuild with build-cache --layers)")
         return [self.info.layer_ids.index(i) for i in layer_ids]
 
-
     def spans(self) -> list[tuple[int, int]]:
         """(first sequence, count) of each cache this one is made of: itself."""
         return [(0, len(self))]
