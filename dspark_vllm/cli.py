@@ -38,11 +38,6 @@ def _build_cache(a: argparse.Namespace) -> None:
     print(f"{c.root}: {len(c)} sequences, {c.info.offsets[len(c)]} tokens, layers {layers}")
 
 
-def _caches(a: argparse.Namespace) -> str | list[str]:
-    """--cache DIR [DIR ...]: one directory, or several read as one."""
-    return a.cache[0] if len(a.cache) == 1 else a.cache
-
-
 def _train(a: argparse.Namespace) -> None:
     from .train.recipe import VARIANTS
     from .train.trainer import TrainConfig, train
@@ -50,11 +45,11 @@ def _train(a: argparse.Namespace) -> None:
     if a.variant == "mtp-1":
         from .train.eagle import EagleConfig, train_eagle
 
-        print(train_eagle(EagleConfig(cache=_caches(a), out=a.out, target=a.target,
+        print(train_eagle(EagleConfig(cache=a.cache, out=a.out, target=a.target,
                                       epochs=a.epochs, max_steps=a.max_steps)))
         return
 
-    cfg = TrainConfig(cache=_caches(a), out=a.out, target=a.target, epochs=a.epochs,
+    cfg = TrainConfig(cache=a.cache, out=a.out, target=a.target, epochs=a.epochs,
                       data_fraction=a.data_fraction, **VARIANTS[a.variant])
     for k in ("num_layers", "markov_rank", "block_size", "lr", "batch_size", "anchors",
               "max_steps", "draft_vocab_size", "mask_token_id", "markov_init", "seed"):
@@ -66,7 +61,7 @@ def _train(a: argparse.Namespace) -> None:
 def _calibrate(a: argparse.Namespace) -> None:
     from .train.calibrate import calibrate
 
-    print(json.dumps(calibrate(a.drafter, _caches(a), a.target, max_blocks=a.max_blocks), indent=2))
+    print(json.dumps(calibrate(a.drafter, a.cache, a.target, max_blocks=a.max_blocks), indent=2))
 
 
 def _recipe(a: argparse.Namespace) -> None:

@@ -177,7 +177,6 @@ class CacheUnion:
                               hidden_size=first.hidden_size, num_tokens=base, offsets=offsets,
                               prompt_lens=plens, temperatures=temps, done=len(plens),
                               dtype=first.dtype, order="index", feat_dtype=first.feat_dtype)
-        self.root = Path("+".join(str(c.root) for c in self.parts))
 
     def __len__(self) -> int:
         return self.starts[-1]
