@@ -6,8 +6,14 @@ the training mix, and the cost lines miss what a drafted step spends outside the
 forward and the draft pass (rejection sampling, bookkeeping). So the gate also keeps two
 arms per batch size: generated tokens / wall seconds of pure-decode steps that drafted and
 verified, and of steps that did neither. Where the prediction is unsure (gain under
-EXPLORE_MARGIN) and both arms hold samples, their comparison is the verdict; elsewhere the
-prediction decides.
+EXPLORE_MARGIN) and the arms are sure, their comparison is the verdict; elsewhere the
+prediction decides. Sure means: drafting loses or ties (point estimates), or it wins by
+more than the arms' noise (Z_SURE standard errors). A step's rate at one load varies 11-20%
+here (tokens accepted, prefill neighbours, the machine), so point estimates of a few
+samples read a true tie as a 3-30% win: at 13-16 requests (a served step log, prefix cache
+on) the arms read 1.03-1.38x and kept drafting on for runs of 56-160 steps, while the same
+run's clean steps were level (173.8 vs 173.7 tok/s) and each drafting run also paid its
+transitions.
 
 Exploration: a short burst of the other arm every PROBE_EVERY steps, but only where drafting
 is off or neither the prediction nor the arms say it clearly pays, so a quiet engine, where
@@ -23,6 +29,8 @@ how it turned out (admission stays budget.admit_greedy's), only the next step's 
 
 from __future__ import annotations
 
+import math
+
 # Tuning constants, each with its reason.
 PROBE_EVERY = 32  # steps in one state before a burst of the other: ~1/9 of steps at the margin
 PROBE_BURST = 4  # steps per burst; the first is a transition (not sampled), 3 clean samples
@@ -32,10 +40,14 @@ EXPLORE_MARGIN = 1.3  # predicted gains above this are not worth re-checking (c=
 MEASURED_SURE = 1.5  # nor measured ones above this (c=1 on this CPU: 37 vs 17 tok/s). Higher
                      # than EXPLORE_MARGIN: at 16 requests the arms read 1.35x where the
                      # ledger's totals of the same run were level, so the EWMAs carry ~15% noise
-ARM_WEIGHT = 0.25  # EWMA weight of a new sample: ~4 bursts of memory, follows traffic drift
+ARM_WEIGHT = 0.1  # EWMA weight of a new sample: ~19 samples (~6 bursts of 3) of memory, so
+                  # a drafted arm fed only by bursts is not one burst's luck; still follows drift
 MIN_SAMPLES = 2  # clean samples an arm needs before its rate is trusted
 TIE_MARGIN = 0.03  # drafting must win by this much: a tie goes to the cheaper, steadier path
-                   # (the arms leave out prefill steps and bursts, where drafting costs more)
+                   # (the arms leave out prefill steps and bursts, where drafting costs more);
+                   # the prediction must clear it too (DSparkScheduler._plan_next_draft)
+Z_SURE = 2.0  # standard errors a measured win must clear to overrule the prediction
+RATE_CV_FLOOR = 0.05  # least noise assumed per step's rate: two equal samples prove nothing
 
 
 def bucket(batch: int) -> int:
@@ -49,36 +61,52 @@ def bucket(batch: int) -> int:
 
 
 class RealisedRates:
-    """EWMA of (tokens per step, seconds per step) per (batch bucket, drafted) arm."""
+    """Exponentially weighted mean and variance of each step's tokens per second, per
+    (batch bucket, drafted) arm."""
 
     def __init__(self, weight: float = ARM_WEIGHT, min_samples: int = MIN_SAMPLES,
-                 tie_margin: float = TIE_MARGIN) -> None:
-        self.weight, self.min_samples, self.tie_margin = weight, min_samples, tie_margin
-        self.arms: dict[tuple[int, bool], list[float]] = {}  # -> [samples, tokens, seconds]
+                 tie_margin: float = TIE_MARGIN, z: float = Z_SURE) -> None:
+        self.weight, self.min_samples, self.tie_margin, self.z = weight, min_samples, tie_margin, z
+        self.arms: dict[tuple[int, bool], list[float]] = {}  # -> [samples, mean, variance]
 
     def observe(self, batch: int, drafted: bool, tokens: int, seconds: float) -> None:
         if batch <= 0 or seconds <= 0:
             return
-        arm = self.arms.setdefault((bucket(batch), drafted), [0, float(tokens), seconds])
-        w = self.weight
+        x = tokens / seconds
+        arm = self.arms.setdefault((bucket(batch), drafted), [0, x, 0.0])
+        w, d = self.weight, x - arm[1]
         arm[0] += 1
-        arm[1] += w * (tokens - arm[1])
-        arm[2] += w * (seconds - arm[2])
+        arm[1] += w * d
+        arm[2] = (1.0 - w) * (arm[2] + w * d * d)  # West's incremental EW variance
 
     def rate(self, batch: int, drafted: bool) -> float | None:
         """Generated tokens per second of the arm, None until it has MIN_SAMPLES."""
         arm = self.arms.get((bucket(batch), drafted))
         if arm is None or arm[0] < self.min_samples:
             return None
-        return arm[1] / arm[2]
+        return arm[1]
+
+    def _stderr(self, batch: int, drafted: bool) -> float:
+        """Standard error of the arm's mean: an EWMA averages ~(2 - w) / w samples, fewer
+        while the arm is young; the variance is floored at RATE_CV_FLOOR of the mean."""
+        n, mean, var = self.arms[(bucket(batch), drafted)]
+        var = max(var, (RATE_CV_FLOOR * mean) ** 2)
+        return math.sqrt(var * max(self.weight / (2.0 - self.weight), 1.0 / n))
 
     def verdict(self, batch: int) -> bool | None:
-        """Does drafting produce more tokens per second at this load (by more than the tie
-        margin)? None: not measured."""
+        """Does drafting produce more tokens per second at this load? False: it does not
+        win by the tie margin; True: it wins by more than Z_SURE standard errors beyond
+        the margin; None: not measured, or a win the arms' noise could explain (the caller
+        falls back on its prediction)."""
         on, off = self.rate(batch, True), self.rate(batch, False)
         if on is None or off is None:
             return None
-        return on > off * (1.0 + self.tie_margin)
+        bar = off * (1.0 + self.tie_margin)
+        if on <= bar:
+            return False
+        noise = math.hypot(self._stderr(batch, True),
+                           (1.0 + self.tie_margin) * self._stderr(batch, False))
+        return True if on - bar > self.z * noise else None
 
     def gain(self, batch: int) -> float | None:
         """Measured tokens per second drafting over not drafting at this load; None until

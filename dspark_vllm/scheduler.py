@@ -20,7 +20,7 @@ from collections import deque
 from .budget import (AcceptanceEstimator, admit_greedy, admit_top, plan_draft,
                      production_budget, survival)
 from .cost_model import DRAFT_PRIOR, CostModel, profile_key, profile_path
-from .gate import EXPLORE_MARGIN, Explorer, RealisedRates
+from .gate import EXPLORE_MARGIN, TIE_MARGIN, Explorer, RealisedRates
 from .ledger_scheduler import LedgerScheduler
 
 log = logging.getLogger("vllm.dspark.scheduler")
@@ -120,9 +120,11 @@ class DSparkScheduler(LedgerScheduler):
                                   DRAFT_HEADROOM)
         # Measurement overrules the prediction only where the prediction is unsure: a rare
         # batch size's few samples (first-shape warm-up, a closed loop's tail) must not
-        # switch drafting off for a quiet engine where it clearly pays.
+        # switch drafting off for a quiet engine where it clearly pays. Where the arms are
+        # unsure too (verdict None), the prediction must clear the tie margin: a drafting
+        # run pays transitions neither cost line sees.
         measured = self.rates.verdict(num_running) if gain < EXPLORE_MARGIN else None
-        on = measured if measured is not None else gain > 1.0
+        on = measured if measured is not None else gain > 1.0 + TIE_MARGIN
         # A clear measured win is not re-checked either: each burst at one request costs
         # half its steps' tokens.
         on = self.explorer.decide(on, gain, self.rates.gain(num_running), num_running)
