@@ -274,3 +274,19 @@ def test_a_clear_measured_win_is_not_re_checked():
     # Measured 35% ahead (what the arms read at 16 requests where the ledger saw a tie):
     # still re-checked in bursts.
     assert drafted_share(23.0, 17.0) < 0.9
+
+
+def test_an_unmeasured_prediction_must_clear_the_tie_margin():
+    """Nothing measured at 16 requests: a predicted gain inside the 3% tie margin does not
+    draft (a drafting run pays transitions neither cost line sees); one above it does."""
+    from dspark_vllm.scheduler import DSparkScheduler
+
+    plan = DSparkScheduler._plan_next_draft
+    gains = {p: plan_draft([survival([p / 10_000] * 7)] * 8, [], 16, COST, DRAFT, 10_000, 7)[1]
+             for p in range(3_000, 10_000, 5)}
+    tie = next(p for p, g in gains.items() if 1.0 < g < 1.03) / 10_000
+    win = next(p for p, g in gains.items() if 1.05 < g < 1.3) / 10_000
+    for p, drafts in ((tie, False), (win, True)):
+        fake = _fake_scheduler([survival([p] * 7)] * 8)
+        plan(fake, [], [], 16, 10_000)
+        assert (fake.draft_len > 0) is drafts
