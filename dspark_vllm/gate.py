@@ -172,22 +172,31 @@ def step_kind(prefill: bool, verified: bool, drafted: bool) -> str:
 class StepLedger:
     """Where the engine's wall time went, by step kind: steps, seconds, generated tokens and
     prefill tokens. The gate's arms see only clean pure-decode steps; this sees every step,
-    so the steps they leave out (prefill, transitions, bursts) can be priced too."""
+    so the steps they leave out (prefill, transitions, bursts) can be priced too. The same
+    rows by load (the gate's batch buckets) say at which batch sizes drafting ran and what
+    its steps cost there: the view that showed the gate drafting at 16 requests on noise."""
 
     def __init__(self) -> None:
         # kind -> [steps, seconds, tokens, prefill tokens, cycle seconds]
         self.kinds: dict[str, list[float]] = {}
+        self.loads: dict[tuple[int, str], list[float]] = {}  # (bucket, kind) -> same row
 
-    def observe(self, kind: str, seconds: float, tokens: int, prefill_tokens: int) -> None:
-        self._add(kind, (1, seconds, tokens, prefill_tokens, 0.0))
+    def observe(self, kind: str, seconds: float, tokens: int, prefill_tokens: int,
+                batch: int = 0) -> None:
+        """One finished step; `batch`: the requests it scheduled (0: not filed by load)."""
+        row = (1, seconds, tokens, prefill_tokens, 0.0)
+        self._add(self.kinds, kind, row)
+        if batch > 0:
+            self._add(self.loads, (bucket(batch), kind), row)
 
     def cycle(self, kind: str, seconds: float) -> None:
         """The step's whole engine cycle, schedule() to the next schedule(): the model
         step plus what the engine does around it (output processing, draft hand-over)."""
-        self._add(kind, (0, 0.0, 0, 0, seconds))
+        self._add(self.kinds, kind, (0, 0.0, 0, 0, seconds))
 
-    def _add(self, kind: str, values: tuple) -> None:
-        row = self.kinds.setdefault(kind, [0, 0.0, 0, 0, 0.0])
+    @staticmethod
+    def _add(table: dict, key, values: tuple) -> None:
+        row = table.setdefault(key, [0, 0.0, 0, 0, 0.0])
         for i, v in enumerate(values):
             row[i] += v
 
@@ -195,3 +204,13 @@ class StepLedger:
         return {k: {"steps": r[0], "seconds": round(r[1], 4), "generated_tokens": r[2],
                     "prefill_tokens": r[3], "cycle_seconds": round(r[4], 4)}
                 for k, r in sorted(self.kinds.items())}
+
+    def by_load(self) -> dict[str, dict[str, dict[str, float]]]:
+        """{batch bucket: {kind: steps, seconds, generated and prefill tokens}} (the model
+        step only: cycles are filed by kind)."""
+        out: dict[str, dict[str, dict[str, float]]] = {}
+        for (b, kind), r in sorted(self.loads.items()):
+            out.setdefault(str(b), {})[kind] = {
+                "steps": r[0], "seconds": round(r[1], 4), "generated_tokens": r[2],
+                "prefill_tokens": r[3]}
+        return out

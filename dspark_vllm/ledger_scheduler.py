@@ -6,8 +6,9 @@ The base of DSparkScheduler, and on its own the same measurement for any other s
 
 files every step of plain decoding (or of MTP-1, or of a fixed draft length) under its
 kind, with the model step's seconds and the whole engine cycle, in `/dspark/status`
-(`steps_by_kind`) and on `/metrics` (`dspark_steps_total`, `dspark_step_cycle_seconds_total`),
-so a plain server's step costs can be read beside a DSpark one's. Scheduling is untouched.
+(`steps_by_kind`; by batch size too, `steps_by_load`) and on `/metrics` (`dspark_steps_total`,
+`dspark_step_cycle_seconds_total`), so a plain server's step costs can be read beside a
+DSpark one's. Scheduling is untouched.
 """
 
 from __future__ import annotations
@@ -69,9 +70,11 @@ class LedgerScheduler(Scheduler):
         verified = any(len(v) for v in specs.values())
         tokens = sum(len(t) for t in sampled or ())
         kind = step_kind(prefill > 0, verified, drafted)
-        self.ledger.observe(kind, seconds, tokens, prefill)
+        self.ledger.observe(kind, seconds, tokens, prefill,
+                            batch=len(scheduler_output.num_scheduled_tokens))
         self._last_kind = kind if self.running else None  # idle time is no step's cycle
         return prefill, tokens
 
     def _status(self) -> dict:
-        return {"steps_by_kind": self.ledger.table(), "running": len(self.running)}
+        return {"steps_by_kind": self.ledger.table(), "steps_by_load": self.ledger.by_load(),
+                "running": len(self.running)}

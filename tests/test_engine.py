@@ -327,6 +327,9 @@ def test_status_view_and_metrics(adaptive):
     # The step ledger saw the prompts' prefill steps and the drafted decode steps.
     kinds = status["status"]["steps_by_kind"]
     assert sum(k["prefill_tokens"] for k in kinds.values()) > 0, kinds
+    loads = status["status"]["steps_by_load"]  # the same steps, filed by batch-size bucket
+    assert sum(r["steps"] for rows in loads.values() for r in rows.values()) == \
+        sum(k["steps"] for k in kinds.values()), loads
     assert kinds["decode_verify_draft"]["generated_tokens"] > kinds["decode_verify_draft"]["steps"]
     with urllib.request.urlopen(adaptive.url + "/metrics") as r:
         text = r.read().decode()

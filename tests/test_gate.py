@@ -181,6 +181,29 @@ def test_scheduler_feeds_only_clean_pure_decode_steps_to_the_arms():
     assert ledger["decode_verify_nodraft"]["generated_tokens"] == 8  # the on -> off one
     assert ledger["decode_verify_draft"]["seconds"] == 0.2
     assert fake._last_kind == "decode_noverify_nodraft"  # its cycle ends at the next schedule()
+    # The same steps by load: four scheduled 4 requests; the prefill chunk made a fifth.
+    by_load = fake.ledger.by_load()
+    assert list(by_load) == ["4", "6"] and by_load["4"]["decode_verify_draft"]["seconds"] == 0.2
+    assert sum(r["steps"] for r in by_load["4"].values()) == 4
+    assert by_load["6"] == {"prefill_verify_draft": {"steps": 1, "seconds": 0.5,
+                                                     "generated_tokens": 4, "prefill_tokens": 30}}
+
+
+def test_the_ledger_files_steps_by_load_bucket():
+    ledger = StepLedger()
+    ledger.observe("decode_verify_draft", 0.14, 23, 0, batch=16)
+    ledger.observe("decode_verify_draft", 0.07, 9, 0, batch=3)
+    ledger.observe("decode_noverify_nodraft", 0.09, 15, 0, batch=15)  # 15 shares 16's bucket
+    ledger.observe("prefill_noverify_nodraft", 0.3, 16, 200)  # no batch given: by kind only
+    ledger.cycle("decode_verify_draft", 0.5)
+    assert ledger.by_load() == {
+        "3": {"decode_verify_draft": {"steps": 1, "seconds": 0.07, "generated_tokens": 9,
+                                      "prefill_tokens": 0}},
+        "16": {"decode_noverify_nodraft": {"steps": 1, "seconds": 0.09, "generated_tokens": 15,
+                                           "prefill_tokens": 0},
+               "decode_verify_draft": {"steps": 1, "seconds": 0.14, "generated_tokens": 23,
+                                       "prefill_tokens": 0}}}
+    assert ledger.table()["decode_verify_draft"]["steps"] == 2
 
 
 def _fake_scheduler(pool):
