@@ -200,17 +200,21 @@ class StepLedger:
         for i, v in enumerate(values):
             row[i] += v
 
+    @staticmethod
+    def _row(r: list[float], cycles: bool = True) -> dict[str, float]:
+        row = {"steps": r[0], "seconds": round(r[1], 4), "generated_tokens": r[2],
+               "prefill_tokens": r[3]}
+        if cycles:
+            row["cycle_seconds"] = round(r[4], 4)
+        return row
+
     def table(self) -> dict[str, dict[str, float]]:
-        return {k: {"steps": r[0], "seconds": round(r[1], 4), "generated_tokens": r[2],
-                    "prefill_tokens": r[3], "cycle_seconds": round(r[4], 4)}
-                for k, r in sorted(self.kinds.items())}
+        return {k: self._row(r) for k, r in sorted(self.kinds.items())}
 
     def by_load(self) -> dict[str, dict[str, dict[str, float]]]:
         """{batch bucket: {kind: steps, seconds, generated and prefill tokens}} (the model
         step only: cycles are filed by kind)."""
         out: dict[str, dict[str, dict[str, float]]] = {}
         for (b, kind), r in sorted(self.loads.items()):
-            out.setdefault(str(b), {})[kind] = {
-                "steps": r[0], "seconds": round(r[1], 4), "generated_tokens": r[2],
-                "prefill_tokens": r[3]}
+            out.setdefault(str(b), {})[kind] = self._row(r, cycles=False)
         return out
