@@ -55,6 +55,28 @@ def matched(results: dict, baseline: str = BASELINE) -> dict:
     return out
 
 
+def paired_ratios(results: dict, base: str = "no-spec") -> dict:
+    """{config: {concurrency: [throughput / base's, one per server instance]}}. Instance i
+    of every configuration is paired with the base's instance i: the servers that were up
+    together when interleaved. The spread of these ratios for a second copy of the base
+    (the A/A control) is what an A/B ratio has to clear."""
+    if base not in results:
+        return {}
+    out = {}
+    for name, r in results.items():
+        if name == base:
+            continue
+        rows = {}
+        for c, p in r["points"].items():
+            b = results[base]["points"].get(c, {}).get("instance_throughput_tok_s")
+            mine = p.get("instance_throughput_tok_s")
+            if b and mine:
+                rows[c] = [x / y for x, y in zip(mine, b) if y > 0]
+        if rows:
+            out[name] = rows
+    return out
+
+
 def _git() -> str:
     try:
         return subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], text=True).strip()
@@ -104,6 +126,17 @@ def write_report(out: Path, results: dict) -> None:
             lines.append(f"| {name} | {c} | {m.get('ledger_decode_tok_s', 0):.1f} | "
                          f"{100 * m['ledger_prefill_share']:.0f}% | "
                          f"{m['ledger_overhead_ms']:.1f} ms |")
+    pr = paired_ratios(results)
+    if pr:
+        lines += ["", "## Throughput vs no-spec, paired by server instance", "",
+                  "| config | conc | per instance | median |", "|---|---|---|---|"]
+        for name, rows in pr.items():
+            for c, ratios in rows.items():
+                lines.append(f"| {name} | {c} | " + " / ".join(f"{x:.2f}" for x in ratios) +
+                             f" | {float(np.median(ratios)):.2f}x |")
+        lines += ["", "Each ratio: median throughput over the instance's repeats, against the "
+                  "no-spec server up at the same time (interleaved) or run in the same place "
+                  "of the order (sequential)."]
     mt = matched(results)
     if mt:
         lines += ["", f"## Per-user speed at matched throughput (vs {BASELINE})", "",

@@ -35,6 +35,11 @@ BATCH_SCHEDULE = [[1, 2, 7], [3, 4, 5], [5, 8, 3], [9, 16, 2], [17, 1024, 1]]
 # (DSPARK_DRAFT_HANDOVER=0, against drafts on the step's output: patches/draft_handover.py).
 CONFIG_ENV = {"dspark-adaptive-stepwise-context": {"DSPARK_DEFER_CONTEXT": "0"},
               "dspark-adaptive-draft-rpc": {"DSPARK_DRAFT_HANDOVER": "0"}}
+# A/A control, run only when named: a second, identical plain server. On this CPU two
+# copies of one server differ by 1.05-1.17x at 16 requests (a server instance keeps a speed
+# of its own), so its ratio to no-spec is the noise floor any A/B ratio must clear.
+AA_CONTROL = "no-spec-aa"
+NAMED_ONLY = (*CONFIG_ENV, AA_CONTROL)
 
 
 def configs(dspark: str, mtp1: str, fixed: tuple[int, ...]) -> dict[str, dict | None]:
@@ -49,7 +54,24 @@ def configs(dspark: str, mtp1: str, fixed: tuple[int, ...]) -> dict[str, dict | 
         c[name] = dict(c["dspark-adaptive"])
     c["vllm-batch-schedule"] = {"method": "dspark", "model": dspark, "num_speculative_tokens": 7,
                                 "num_speculative_tokens_per_batch_size": BATCH_SCHEDULE}
+    c[AA_CONTROL] = None
     return c
+
+
+def server_groups(names: list[str], interleave: bool, instances: int) -> list[list[str]]:
+    """The servers up at once, in start order, group after group. Sequential: one
+    configuration at a time. Interleaved: all at once, repeats alternating between them, so
+    drift over time hits every configuration alike. Each configuration is measured on
+    `instances` fresh servers (a server instance carries a persistent speed of its own here,
+    which interleaving does not remove), the order rotated each time so no configuration
+    always starts first (or, sequentially, always runs first)."""
+    if instances < 1:
+        raise ValueError(f"instances {instances}: use 1 or more")
+    out = []
+    for i in range(instances):
+        order = names[i % len(names):] + names[:i % len(names)] if names else []
+        out += [order] if interleave else [[n] for n in order]
+    return out
 
 
 def prompt_set(n: int) -> list[list[dict]]:
@@ -126,20 +148,25 @@ def ledger_summary(before: dict, after: dict) -> dict:
     return out
 
 
-def aggregate(runs: list[dict], server) -> dict:
-    """Medians over repeats, the spread of the headline numbers, and the scheduler status."""
-    keys = [k for k, v in runs[0].items() if isinstance(v, (int, float)) and v is not None]
+def aggregate(runs: list[dict], status: dict | None) -> dict:
+    """Medians over repeats (all server instances), the spread of the headline numbers,
+    the medians per server instance, and the scheduler status (the last instance's)."""
+    keys = [k for k, v in runs[0].items() if isinstance(v, (int, float)) and v is not None
+            and k != "instance"]
     med = {k: statistics.median(r[k] for r in runs if r.get(k) is not None) for k in keys}
     spread = {k: (min(r[k] for r in runs), max(r[k] for r in runs)) for k in
               ("per_user_tok_s", "throughput_tok_s") if all(r.get(k) for r in runs)}
-    out = {"median": med, "spread": spread, "runs": runs}
-    status = server.status()
+    by_instance = {}
+    for r in runs:
+        by_instance.setdefault(r.get("instance", 0), []).append(r["throughput_tok_s"])
+    out = {"median": med, "spread": spread, "runs": runs,
+           "instance_throughput_tok_s": [statistics.median(v) for _, v in sorted(by_instance.items())]}
     if status and status.get("status"):  # the budget's cost lines and gate arms, as left
         out["scheduler_status"] = status["status"]
     return out
 
 
-def _server(target, name, spec, out, args) -> VllmServer:
+def _server(target, name, spec, out, args, instance: int = 0) -> VllmServer:
     extra = ["--max-num-seqs", str(max(args.concurrency))]
     if not args.prefix_caching:
         # The sweep replays a small prompt set, so with prefix caching most prompts would be
@@ -152,7 +179,8 @@ def _server(target, name, spec, out, args) -> VllmServer:
         extra += ["--distributed-executor-backend", args.executor]
     if args.ledger and not (spec or {}).get("enable_adaptive_verification"):
         extra += ["--scheduler-cls", LEDGER_SCHEDULER_CLS]  # the budget's scheduler has one
-    return VllmServer(target, spec=spec, log_path=out / f"{name}.log", enforce_eager=args.eager,
+    log = out / (f"{name}.log" if instance == 0 else f"{name}-{instance + 1}.log")
+    return VllmServer(target, spec=spec, log_path=log, enforce_eager=args.eager,
                       max_model_len=2048,  # VLLM_PLUGINS: + /dspark/status
                       env={"VLLM_PLUGINS": "dspark", **CONFIG_ENV.get(name, {})},
                       args=extra)
@@ -176,47 +204,48 @@ def run_sweep(args) -> dict:
     if args.only:
         cfgs = {k: v for k, v in cfgs.items() if k in args.only}
     else:  # the A/B variants only when named
-        cfgs = {k: v for k, v in cfgs.items() if k not in CONFIG_ENV}
-    results = json.loads((out / "sweep.json").read_text())["results"] if (out / "sweep.json").is_file() \
-        and args.resume else {}
+        cfgs = {k: v for k, v in cfgs.items() if k not in NAMED_ONLY}
+    done = json.loads((out / "sweep.json").read_text())["results"] \
+        if (out / "sweep.json").is_file() and args.resume else {}
+    results = {k: r for k, r in done.items() if r.get("instances", 1) >= args.instances}
     cfgs = {k: v for k, v in cfgs.items() if k not in results}
-
-    def save():
-        (out / "sweep.json").write_text(json.dumps({"args": vars(args), "results": results}, indent=1))
+    runs = {name: {c: [] for c in args.concurrency} for name in cfgs}
+    status: dict = {}
 
     def load_point(server, c, rep):
         reqs = max(args.requests_per_user * c, args.min_requests)
         return measure_once(server, prompts, c, reqs, warmup=c, rep=rep, open_rate=args.poisson)
 
-    if args.interleave:  # all servers up at once; repeats alternate between them (drift-fair)
+    def save():
+        for name, by_c in runs.items():
+            points = {str(c): aggregate(rs, status.get(name)) for c, rs in by_c.items() if rs}
+            n = len({r["instance"] for rs in by_c.values() for r in rs})
+            if points:
+                results[name] = {"spec": cfgs[name], "points": points, "instances": n}
+        (out / "sweep.json").write_text(json.dumps({"args": vars(args), "results": results}, indent=1))
+
+    groups = server_groups(list(cfgs), args.interleave, args.instances)
+    seen: dict[str, int] = {}
+    for group in groups:
         with ExitStack() as stack:
             servers = {}
-            for name, spec in cfgs.items():
-                print(f"== {name}: {spec}", flush=True)
-                servers[name] = stack.enter_context(_server(target, name, spec, out, args))
-                results[name] = {"spec": spec, "points": {}}
-            for c in args.concurrency:
-                runs = {name: [] for name in servers}
-                for rep in range(args.repeats):
-                    for name, server in servers.items():
-                        runs[name].append(load_point(server, c, rep))
-                for name, server in servers.items():
-                    results[name]["points"][str(c)] = aggregate(runs[name], server)
-                    _point(name, c, results[name]["points"][str(c)])
-                save()
-    else:  # one server at a time
-        for name, spec in cfgs.items():
-            print(f"== {name}: {spec}", flush=True)
-            t0 = time.time()
-            with _server(target, name, spec, out, args) as server:
+            for name in group:  # start order = the group's order (rotated per instance)
+                print(f"== {name} (server instance {seen.get(name, 0) + 1}): {cfgs[name]}", flush=True)
+                t0 = time.time()
+                servers[name] = stack.enter_context(
+                    _server(target, name, cfgs[name], out, args, seen.get(name, 0)))
                 print(f"   up in {time.time() - t0:.0f}s", flush=True)
-                points = {}
-                for c in args.concurrency:
-                    points[str(c)] = aggregate([load_point(server, c, rep)
-                                                for rep in range(args.repeats)], server)
-                    _point(name, c, points[str(c)])
-            results[name] = {"spec": spec, "points": points}
-            save()
+            for c in args.concurrency:
+                for rep in range(args.repeats):
+                    for name, server in servers.items():  # alternate (when interleaved)
+                        r = load_point(server, c, rep)
+                        runs[name][c].append({**r, "instance": seen.get(name, 0)})
+                for name in servers:
+                    _point(name, c, aggregate(runs[name][c][-args.repeats:], None))
+            for name, server in servers.items():
+                status[name] = server.status()
+                seen[name] = seen.get(name, 0) + 1
+        save()
     from benchmarks.report import write_report
 
     write_report(out, results)
@@ -239,6 +268,9 @@ def main(argv=None):
     p.add_argument("--only", nargs="+", default=None, help="subset of configuration names")
     p.add_argument("--resume", action="store_true", help="keep configurations already in sweep.json")
     p.add_argument("--eager", action="store_true", help="--enforce-eager servers (faster start)")
+    p.add_argument("--instances", type=int, default=1,
+                   help="measure each configuration on this many fresh server instances "
+                        "(start order rotated); the report pairs them by instance")
     p.add_argument("--interleave", action="store_true",
                    help="start every server at once and alternate repeats between them, so "
                         "machine drift hits all configurations alike (needs RAM for all)")
@@ -253,6 +285,8 @@ def main(argv=None):
                         "prompts, see _server)")
     p.add_argument("--quick", action="store_true", help="two configurations, tiny load (tests)")
     args = p.parse_args(argv)
+    if args.instances < 1:
+        p.error(f"--instances {args.instances}: use 1 or more")
     try:
         prompt_set(args.prompts)  # a bad --prompts is refused before any server starts
     except ValueError as e:

@@ -81,31 +81,55 @@ def test_offline_acceptance_quick(tmp_path):
     assert (tmp_path / "per_position.png").stat().st_size > 0
 
 
+def test_server_groups_rotate_the_start_order_per_instance():
+    from benchmarks.serving_sweep import server_groups
+
+    assert server_groups(["a", "b", "c"], True, 1) == [["a", "b", "c"]]
+    assert server_groups(["a", "b"], True, 3) == [["a", "b"], ["b", "a"], ["a", "b"]]
+    assert server_groups(["a", "b"], False, 2) == [["a"], ["b"], ["b"], ["a"]]
+    with pytest.raises(ValueError, match="instances 0: use 1 or more"):
+        server_groups(["a"], True, 0)
+
+
+def test_paired_ratios_pair_each_instance_with_the_base_server_up_beside_it():
+    from benchmarks.report import paired_ratios
+
+    def res(*tput):
+        return {"points": {"16": {"instance_throughput_tok_s": list(tput)}}}
+
+    r = paired_ratios({"no-spec": res(100.0, 120.0), "dspark": res(110.0, 114.0),
+                       "no-spec-aa": res(105.0, 120.0)})
+    assert r["dspark"]["16"] == pytest.approx([1.10, 0.95])
+    assert r["no-spec-aa"]["16"] == pytest.approx([1.05, 1.0])
+    assert paired_ratios({"dspark": res(1.0)}) == {}  # no base, no pairs
+
+
 @pytest.mark.engine
 @pytest.mark.slow
-@pytest.mark.parametrize("interleave", [False, True])
-def test_serving_sweep_quick(tmp_path, interleave):
+def test_serving_sweep_quick(tmp_path):
+    """One quick interleaved sweep (the sequential order is the same loop with one server per
+    group: test_server_groups_...); plain decoding on the step-ledger scheduler (--ledger)."""
     from benchmarks.serving_sweep import main
     from tests.engine_utils import drafter_for_tests
 
     drafter = drafter_for_tests(tmp_path)
-    # The interleaved run also puts plain decoding on the step-ledger scheduler (--ledger).
-    main(["--quick", "--drafter", str(drafter), "--out", str(tmp_path / "sweep")]
-         + ["--interleave", "--ledger"] * interleave)
+    main(["--quick", "--drafter", str(drafter), "--out", str(tmp_path / "sweep"),
+          "--interleave", "--ledger"])
     r = json.loads((tmp_path / "sweep" / "sweep.json").read_text())["results"]
     assert set(r) == {"no-spec", "dspark-adaptive"}
     for name in r:
-        assert set(r[name]["points"]) == {"1", "2"}
+        assert set(r[name]["points"]) == {"1", "2"} and r[name]["instances"] == 1
         assert r[name]["points"]["1"]["median"]["throughput_tok_s"] > 0
-    # The budget's server exposes its status (cost lines, gate arms); plain decoding has none.
+        assert len(r[name]["points"]["2"]["instance_throughput_tok_s"]) == 1
+    # The budget's server exposes its status (cost lines, gate arms); plain decoding the
+    # ledger's, without a budget.
     assert "gate" in r["dspark-adaptive"]["points"]["2"]["scheduler_status"]
     plain = r["no-spec"]["points"]["2"]
-    if interleave:  # the ledger, without a budget
-        assert "gate" not in plain["scheduler_status"]
-        assert plain["median"]["ledger_decode_tok_s"] > 0
-        assert "step ledger" in (tmp_path / "sweep" / "sweep.md").read_text()
-    else:
-        assert "scheduler_status" not in plain
+    assert "gate" not in plain["scheduler_status"]
+    assert plain["median"]["ledger_decode_tok_s"] > 0
+    md = (tmp_path / "sweep" / "sweep.md").read_text()
+    assert "step ledger" in md and "| dspark-adaptive | 2 |" in md
+    assert "paired by server instance" in md
     assert (tmp_path / "sweep" / "frontier.png").stat().st_size > 0
 
 
