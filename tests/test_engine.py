@@ -97,7 +97,18 @@ def test_prompt_near_max_model_len(servers):
     assert run(servers[1].url) == run(servers[0].url)
 
 
-MSG = [{"role": "user", "content": "Name one animal and one colour."}]
+# The sampled prompt: a system preamble makes it 130+ tokens, so after the first request
+# its first 128-token block comes from the prefix cache and each of the n samples prefills
+# only the rest (3.3x faster sampling here without speculation, 1.9x with it).
+GAME = ("You are a helpful assistant in a children's word game. The game has simple rules: "
+        "each answer must be short, friendly and name real things; never repeat the question; "
+        "never explain the rules; answer in one line. Players take turns, and the host asks "
+        "each player for a few words from everyday life: animals from farms, forests, rivers "
+        "and seas; colours of fruit, flowers, cars and clothes; foods for breakfast, lunch "
+        "and dinner. Short answers win points, long answers lose them, and a silly answer "
+        "makes everyone laugh, which is allowed. ")
+MSG = [{"role": "system", "content": GAME},
+       {"role": "user", "content": "Name one animal and one colour."}]
 
 
 def _samples(url, rounds=20, n=100):
@@ -143,7 +154,7 @@ def test_temperature_one_distribution_matches_no_speculation(servers, plain_samp
 def test_preemption_keeps_greedy_outputs(target, drafter, prompts, reference, tmp_path):
     lengths, want = reference
     args = ["--num-gpu-blocks-override", "12", "--max-num-seqs", "8"]  # 12 x 128 tokens of KV
-    idx = sorted(range(len(prompts)), key=lambda i: -lengths[i])[:16]  # the longest outputs
+    idx = sorted(range(len(prompts)), key=lambda i: -lengths[i])[:8]  # the longest outputs
     with VllmServer(target, spec=_spec(drafter), max_model_len=MAX_LEN, args=args,
                     log_path=tmp_path / "small-kv.log") as s:
         got = chat_all(s.url, [prompts[i] for i in idx], [lengths[i] for i in idx], concurrency=8)
@@ -286,6 +297,10 @@ def test_budget_greedy_outputs_identical_under_a_concurrency_ramp(adaptive, prom
 
 
 def test_budget_keeps_the_temperature_one_distribution_under_varying_load(adaptive, plain_samples):
+    """Samples come 8 at a time (n = 8) with 0..6 greedy requests coming and going beside
+    them, so the budget verifies some drafts and drops others at batches of 8-14. (At n = 100
+    the batch alone would hold 100 requests, where the budget admits ~1 draft in 40:
+    the test would hardly see verification.) 1,000 samples against plain's 2,000."""
     import threading
 
     stop = threading.Event()
@@ -301,13 +316,18 @@ def test_budget_keeps_the_temperature_one_distribution_under_varying_load(adapti
                 stop.wait(0.5)
             i += 1
 
+    before = adaptive.metrics()
     t = threading.Thread(target=background, daemon=True)
     t.start()
     try:
-        got = _samples(adaptive.url)
+        got = _samples(adaptive.url, rounds=125, n=8)
     finally:
         stop.set()
         t.join(timeout=300)
+    d = metrics_delta(before, adaptive.metrics())
+    admitted = metric_sum(d, "dspark_draft_tokens_admitted_total")
+    assert admitted >= 300, d  # verification ran (sampled and background requests share batches)
+    assert metric_sum(d, "dspark_draft_tokens_dropped_total") > 0, d  # and trimmed
     _same_distribution(plain_samples, got, alpha=1e-3)
 
 
