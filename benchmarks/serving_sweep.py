@@ -210,7 +210,7 @@ def run_sweep(args) -> dict:
     results = {k: r for k, r in done.items() if r.get("instances", 1) >= args.instances}
     cfgs = {k: v for k, v in cfgs.items() if k not in results}
     runs = {name: {c: [] for c in args.concurrency} for name in cfgs}
-    status: dict = {}
+    status: dict[str, list] = {}  # per configuration, each instance's scheduler status
 
     def load_point(server, c, rep):
         reqs = max(args.requests_per_user * c, args.min_requests)
@@ -218,10 +218,13 @@ def run_sweep(args) -> dict:
 
     def save():
         for name, by_c in runs.items():
-            points = {str(c): aggregate(rs, status.get(name)) for c, rs in by_c.items() if rs}
+            last = (status.get(name) or [None])[-1]
+            points = {str(c): aggregate(rs, last) for c, rs in by_c.items() if rs}
             n = len({r["instance"] for rs in by_c.values() for r in rs})
-            if points:
-                results[name] = {"spec": cfgs[name], "points": points, "instances": n}
+            if points:  # + every instance's status: its step ledger by load, its gate arms
+                results[name] = {"spec": cfgs[name], "points": points, "instances": n,
+                                 "instance_status": [(s or {}).get("status")
+                                                     for s in status.get(name, [])]}
         (out / "sweep.json").write_text(json.dumps({"args": vars(args), "results": results}, indent=1))
 
     groups = server_groups(list(cfgs), args.interleave, args.instances)
@@ -243,7 +246,7 @@ def run_sweep(args) -> dict:
                 for name in servers:
                     _point(name, c, aggregate(runs[name][c][-args.repeats:], None))
             for name, server in servers.items():
-                status[name] = server.status()
+                status.setdefault(name, []).append(server.status())
                 seen[name] = seen.get(name, 0) + 1
         save()
     from benchmarks.report import write_report

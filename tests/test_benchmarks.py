@@ -124,6 +124,7 @@ def test_serving_sweep_quick(tmp_path):
     # The budget's server exposes its status (cost lines, gate arms); plain decoding the
     # ledger's, without a budget.
     assert "gate" in r["dspark-adaptive"]["points"]["2"]["scheduler_status"]
+    assert "steps_by_load" in r["dspark-adaptive"]["instance_status"][0]
     plain = r["no-spec"]["points"]["2"]
     assert "gate" not in plain["scheduler_status"]
     assert plain["median"]["ledger_decode_tok_s"] > 0
