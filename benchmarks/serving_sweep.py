@@ -36,7 +36,7 @@ BATCH_SCHEDULE = [[1, 2, 7], [3, 4, 5], [5, 8, 3], [9, 16, 2], [17, 1024, 1]]
 CONFIG_ENV = {"dspark-adaptive-stepwise-context": {"DSPARK_DEFER_CONTEXT": "0"},
               "dspark-adaptive-draft-rpc": {"DSPARK_DRAFT_HANDOVER": "0"}}
 # A/A control, run only when named: a second, identical plain server. On this CPU two
-# copies of one server differ by 1.05-1.17x at 16 requests (a server instance keeps a speed
+# copies of one server differ by up to ~1.2x at 16 requests (a server instance keeps a speed
 # of its own), so its ratio to no-spec is the noise floor any A/B ratio must clear.
 AA_CONTROL = "no-spec-aa"
 NAMED_ONLY = (*CONFIG_ENV, AA_CONTROL)
@@ -66,7 +66,7 @@ def server_groups(names: list[str], interleave: bool, instances: int) -> list[li
     which interleaving does not remove), the order rotated each time so no configuration
     always starts first (or, sequentially, always runs first)."""
     if instances < 1:
-        raise ValueError(f"instances {instances}: use 1 or more")
+        raise ValueError(f"--instances {instances}: use 1 or more")
     out = []
     for i in range(instances):
         order = names[i % len(names):] + names[:i % len(names)] if names else []
@@ -210,7 +210,7 @@ def run_sweep(args) -> dict:
     results = {k: r for k, r in done.items() if r.get("instances", 1) >= args.instances}
     cfgs = {k: v for k, v in cfgs.items() if k not in results}
     runs = {name: {c: [] for c in args.concurrency} for name in cfgs}
-    status: dict[str, list] = {}  # per configuration, each instance's scheduler status
+    status: dict[str, list] = {}  # per configuration, each finished instance's scheduler status
 
     def load_point(server, c, rep):
         reqs = max(args.requests_per_user * c, args.min_requests)
@@ -220,34 +220,31 @@ def run_sweep(args) -> dict:
         for name, by_c in runs.items():
             last = (status.get(name) or [None])[-1]
             points = {str(c): aggregate(rs, last) for c, rs in by_c.items() if rs}
-            n = len({r["instance"] for rs in by_c.values() for r in rs})
             if points:  # + every instance's status: its step ledger by load, its gate arms
-                results[name] = {"spec": cfgs[name], "points": points, "instances": n,
+                results[name] = {"spec": cfgs[name], "points": points,
+                                 "instances": len(status.get(name, [])),
                                  "instance_status": [(s or {}).get("status")
                                                      for s in status.get(name, [])]}
         (out / "sweep.json").write_text(json.dumps({"args": vars(args), "results": results}, indent=1))
 
-    groups = server_groups(list(cfgs), args.interleave, args.instances)
-    seen: dict[str, int] = {}
-    for group in groups:
+    for group in server_groups(list(cfgs), args.interleave, args.instances):
         with ExitStack() as stack:
-            servers = {}
+            servers, instance = {}, {name: len(status.get(name, [])) for name in group}
             for name in group:  # start order = the group's order (rotated per instance)
-                print(f"== {name} (server instance {seen.get(name, 0) + 1}): {cfgs[name]}", flush=True)
+                print(f"== {name} (server instance {instance[name] + 1}): {cfgs[name]}", flush=True)
                 t0 = time.time()
                 servers[name] = stack.enter_context(
-                    _server(target, name, cfgs[name], out, args, seen.get(name, 0)))
+                    _server(target, name, cfgs[name], out, args, instance[name]))
                 print(f"   up in {time.time() - t0:.0f}s", flush=True)
             for c in args.concurrency:
                 for rep in range(args.repeats):
                     for name, server in servers.items():  # alternate (when interleaved)
                         r = load_point(server, c, rep)
-                        runs[name][c].append({**r, "instance": seen.get(name, 0)})
+                        runs[name][c].append({**r, "instance": instance[name]})
                 for name in servers:
                     _point(name, c, aggregate(runs[name][c][-args.repeats:], None))
             for name, server in servers.items():
                 status.setdefault(name, []).append(server.status())
-                seen[name] = seen.get(name, 0) + 1
         save()
     from benchmarks.report import write_report
 
@@ -288,10 +285,9 @@ def main(argv=None):
                         "prompts, see _server)")
     p.add_argument("--quick", action="store_true", help="two configurations, tiny load (tests)")
     args = p.parse_args(argv)
-    if args.instances < 1:
-        p.error(f"--instances {args.instances}: use 1 or more")
-    try:
-        prompt_set(args.prompts)  # a bad --prompts is refused before any server starts
+    try:  # a bad --prompts or --instances is refused before any server starts
+        prompt_set(args.prompts)
+        server_groups([], args.interleave, args.instances)
     except ValueError as e:
         p.error(str(e))
     known = configs(args.drafter, args.mtp1, tuple(args.fixed))

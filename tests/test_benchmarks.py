@@ -53,6 +53,15 @@ def test_a_prompt_count_outside_the_mix_is_refused_by_name(n, capsys, tmp_path):
     assert f"--prompts {n}: use 3 to 117" in err
 
 
+def test_a_bad_instance_count_is_refused_by_name(capsys, tmp_path):
+    from benchmarks.serving_sweep import main
+
+    with pytest.raises(SystemExit):  # refused before any server starts
+        main(["--instances", "0", "--out", str(tmp_path / "never-written")])
+    assert not (tmp_path / "never-written").exists()
+    assert "--instances 0: use 1 or more" in capsys.readouterr().err
+
+
 def test_ledger_summary_prices_one_window():
     from benchmarks.serving_sweep import ledger_summary
 
@@ -87,7 +96,7 @@ def test_server_groups_rotate_the_start_order_per_instance():
     assert server_groups(["a", "b", "c"], True, 1) == [["a", "b", "c"]]
     assert server_groups(["a", "b"], True, 3) == [["a", "b"], ["b", "a"], ["a", "b"]]
     assert server_groups(["a", "b"], False, 2) == [["a"], ["b"], ["b"], ["a"]]
-    with pytest.raises(ValueError, match="instances 0: use 1 or more"):
+    with pytest.raises(ValueError, match="--instances 0: use 1 or more"):
         server_groups(["a"], True, 0)
 
 
