@@ -77,6 +77,41 @@ def paired_ratios(results: dict, base: str = "no-spec") -> dict:
     return out
 
 
+def _tok_s(row: dict | None) -> float | None:
+    return row["generated_tokens"] / row["seconds"] if row and row["seconds"] else None
+
+
+def gate_rows(results: dict) -> list[dict]:
+    """The draft gate per server instance and load bucket: what its two readings said and
+    what the step ledger saw. arms: the EWMA arms' drafted / undrafted tokens per second;
+    paired: the bursts judged against the steps just before them (gain, its standard error
+    in log units, pairs, verdict); ledger: clean drafted (verify + draft) and undrafted
+    (neither) decode steps' tokens per second over the whole instance, and the drafted
+    share of those steps (what the gate chose)."""
+    rows = []
+    for name, r in results.items():
+        for i, st in enumerate(r.get("instance_status") or []):
+            gate = (st or {}).get("gate")
+            if not gate:
+                continue
+            arms, paired = gate.get("tokens_per_second_by_batch", {}), gate.get("paired_bursts_by_batch", {})
+            loads = st.get("steps_by_load", {})
+            for b in sorted(set(arms) | set(paired), key=int):
+                a, pb, ld = arms.get(b, {}), paired.get(b), loads.get(b, {})
+                on, off = ld.get("decode_verify_draft"), ld.get("decode_noverify_nodraft")
+                clean = (on or {}).get("steps", 0) + (off or {}).get("steps", 0)
+                rows.append({
+                    "config": name, "instance": i + 1, "batch": int(b),
+                    "arms_gain": (a["drafted_tok_s"] / a["undrafted_tok_s"]
+                                  if a.get("drafted_tok_s") and a.get("undrafted_tok_s") else None),
+                    "paired_gain": pb["gain"] if pb else None,
+                    "paired_stderr": pb["log_gain_stderr"] if pb else None,
+                    "pairs": pb["pairs"] if pb else 0, "paired_verdict": pb["verdict"] if pb else None,
+                    "ledger_gain": (_tok_s(on) / _tok_s(off) if _tok_s(on) and _tok_s(off) else None),
+                    "drafted_share": (on or {}).get("steps", 0) / clean if clean else None})
+    return rows
+
+
 def _git() -> str:
     try:
         return subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], text=True).strip()
@@ -137,6 +172,33 @@ def write_report(out: Path, results: dict) -> None:
         lines += ["", "Each ratio: median throughput over the instance's repeats, against the "
                   "no-spec server up at the same time (interleaved) or run in the same place "
                   "of the order (sequential)."]
+    gr = gate_rows(results)
+    if gr:
+        f = lambda x, fmt: "-" if x is None else format(x, fmt)  # noqa: E731
+        lines += ["", "## The draft gate per server instance and load", "",
+                  "| config | instance | batch | arms: drafted / undrafted | paired bursts: gain "
+                  "(± s.e., pairs) | ledger: clean drafted / undrafted | clean steps drafted, % |",
+                  "|---|---|---|---|---|---|---|"]
+        for g in gr:
+            pb = (f"{g['paired_gain']:.2f}x (±{100 * g['paired_stderr']:.0f}%, {g['pairs']})"
+                  if g["paired_gain"] else "-")
+            lines.append(f"| {g['config']} | {g['instance']} | {g['batch']} | "
+                         f"{f(g['arms_gain'], '.2f')} | {pb} | {f(g['ledger_gain'], '.2f')} | "
+                         f"{f(g['drafted_share'] and 100 * g['drafted_share'], '.0f')} |")
+        lines += ["", "Batch: the gate's load bucket (13-16 requests file under 16). The ledger "
+                  "column is over the instance's whole life, every concurrency it served."]
+        src = ("prediction", "verdict", "exploration")
+        lines += ["", "What set each step's drafting state (steps drafted / undrafted):", "",
+                  "| config | instance | verdict by | " + " | ".join(src) + " |",
+                  "|---|---|---|---|---|---|"]
+        for name, r in results.items():
+            for i, st in enumerate(r.get("instance_status") or []):
+                gate = (st or {}).get("gate") or {}
+                d = gate.get("decided_by")
+                if d:
+                    lines.append(f"| {name} | {i + 1} | {gate.get('verdict_by', 'arms')} | " +
+                                 " | ".join(f"{d.get(k, {}).get('drafted', 0)} / "
+                                            f"{d.get(k, {}).get('undrafted', 0)}" for k in src) + " |")
     mt = matched(results)
     if mt:
         lines += ["", f"## Per-user speed at matched throughput (vs {BASELINE})", "",

@@ -48,6 +48,10 @@ TIE_MARGIN = 0.03  # drafting must win by this much: a tie goes to the cheaper, 
                    # the prediction must clear it too (DSparkScheduler._plan_next_draft)
 Z_SURE = 2.0  # standard errors a measured win must clear to overrule the prediction
 RATE_CV_FLOOR = 0.05  # least noise assumed per step's rate: two equal samples prove nothing
+PAIR_NEIGHBOURS = 6  # the gate's own clean steps just before a burst that it is judged against
+PAIR_FRESH = 48  # steps: older neighbours are stale (the batch's mix has moved on)
+PAIRS_KEPT = 16  # recent paired bursts per load: ~16 x 4 burst steps, still follows drift
+MIN_PAIRS = 3  # paired bursts before their mean is trusted
 
 
 def bucket(batch: int) -> int:
@@ -132,6 +136,7 @@ class Explorer:
         self.left = 0  # steps left in the current burst
         self.arm = False  # the state a burst runs in
         self.bursts = 0
+        self.probing = False  # the last decision was a burst's (not the gate's choice)
         self.interval: dict[int, int] = {}  # load bucket -> steps between its bursts
         self._probe: tuple[int, bool] | None = None  # the running burst: (bucket, choice before)
 
@@ -141,6 +146,7 @@ class Explorer:
         Drafting off is always re-checked; drafting on only where neither the predicted
         `gain` (< margin) nor the `measured` one (< measured_margin, None: unmeasured) is
         sure. `batch`: the running requests, whose bucket keeps its own interval."""
+        self.probing = bool(self.left)
         if self.left:
             self.left -= 1
             return self.arm
@@ -158,8 +164,102 @@ class Explorer:
             self.streak, self.left, self.arm = 0, self.burst - 1, not on
             self.bursts += 1
             self._probe = (key, on)
+            self.probing = True
             return self.arm
         return on
+
+
+class PairedBursts:
+    """Each exploration burst judged against the gate's own arm just before it, at one load.
+
+    RealisedRates compares two EWMAs fed at different times: one arm from long runs, the
+    other from bursts minutes apart. Whatever drifts between them (the batch's context
+    lengths and prefill neighbours, 13 vs 16 requests inside one bucket) reads as a gain or
+    a loss. Here a burst's clean steps are compared with the (up to PAIR_NEIGHBOURS) clean
+    steps of the other arm that ran just before it at the same load, one log-ratio
+    log(drafted / undrafted tokens per second) per burst; the drift they share cancels.
+    Bursts start on the explorer's timer, not on how steps turned out, so their pairs are
+    an unbiased sample; the gate's own switches are left out (they follow a verdict, so the
+    steps before them are selected). The verdict reads the mean of the recent pairs and
+    its standard error, with RealisedRates' rule: a loss or tie (mean under the tie margin)
+    is sure; a win must clear Z_SURE standard errors beyond it.
+    """
+
+    def __init__(self, neighbours: int = PAIR_NEIGHBOURS, fresh: int = PAIR_FRESH,
+                 kept: int = PAIRS_KEPT, min_pairs: int = MIN_PAIRS,
+                 tie_margin: float = TIE_MARGIN, z: float = Z_SURE,
+                 sd_floor: float = RATE_CV_FLOOR) -> None:
+        self.neighbours, self.fresh, self.kept, self.min_pairs = neighbours, fresh, kept, min_pairs
+        self.tie, self.z, self.sd_floor = math.log1p(tie_margin), z, sd_floor
+        self.step = 0
+        self.recent: dict[int, list[tuple[int, bool, float]]] = {}  # bucket -> (step, drafted, log rate)
+        self.pairs: dict[int, list[float]] = {}  # bucket -> log(drafted / undrafted), per burst
+        self._open: tuple[int, bool, list[float], list[float]] | None = None  # the running
+        # burst: (bucket, its arm, the neighbours' log rates, its own clean log rates)
+
+    def observe(self, burst: bool, batch: int, drafted: bool, rate: float | None) -> None:
+        """One finished step: `burst`, whether the explorer ran it; `drafted`, its arm;
+        `rate`, its tokens per second if it was a clean pure-decode step, else None."""
+        self.step += 1
+        key = bucket(batch) if batch > 0 else 0
+        lr = math.log(rate) if rate is not None and rate > 0 else None
+        if burst:
+            if self._open is None:  # its first step: take the neighbours now
+                before = [x for s, d, x in self.recent.get(key, ())
+                          if d != drafted and self.step - s <= self.fresh][-self.neighbours:]
+                self._open = (key, drafted, before, [])
+            k, arm, _, own = self._open
+            if lr is not None and key == k and drafted == arm:
+                own.append(lr)
+            return
+        if self._open is not None:  # the burst is over: one pair, if both sides were seen
+            k, arm, before, own = self._open
+            self._open = None
+            if before and own:
+                d = sum(own) / len(own) - sum(before) / len(before)
+                pairs = self.pairs.setdefault(k, [])
+                pairs.append(d if arm else -d)
+                del pairs[:-self.kept]
+        if lr is not None:
+            recent = self.recent.setdefault(key, [])
+            recent.append((self.step, drafted, lr))
+            del recent[:-2 * self.neighbours]
+
+    def summary(self, batch: int) -> tuple[int, float, float] | None:
+        """(pairs, mean log gain, its standard error) at this load; None before MIN_PAIRS."""
+        d = self.pairs.get(bucket(batch), ())
+        n = len(d)
+        if n < self.min_pairs:
+            return None
+        mean = sum(d) / n
+        sd = math.sqrt(sum((x - mean) ** 2 for x in d) / (n - 1))
+        return n, mean, max(sd, self.sd_floor) / math.sqrt(n)
+
+    def verdict(self, batch: int) -> bool | None:
+        """Does drafting produce more tokens per second at this load, burst by burst?
+        False: the mean gain is under the tie margin; True: over it by Z_SURE standard
+        errors; None: too few pairs, or a win their spread could explain."""
+        s = self.summary(batch)
+        if s is None:
+            return None
+        _, mean, se = s
+        if mean <= self.tie:
+            return False
+        return True if mean - self.tie > self.z * se else None
+
+    def gain(self, batch: int) -> float | None:
+        s = self.summary(batch)
+        return None if s is None else math.exp(s[1])
+
+    def table(self) -> dict[str, dict[str, float]]:
+        out = {}
+        for b in sorted(self.pairs):
+            s = self.summary(b)
+            if s is not None:
+                out[str(b)] = {"pairs": s[0], "gain": round(math.exp(s[1]), 4),
+                               "log_gain_stderr": round(s[2], 4),
+                               "verdict": self.verdict(b)}
+        return out
 
 
 def step_kind(prefill: bool, verified: bool, drafted: bool) -> str:

@@ -189,6 +189,16 @@ class DSparkCollector:
             yield GaugeMetricFamily("dspark_tracked_requests",
                                     "Requests with budget state in the scheduler (0 when idle).",
                                     value=st["tracked_requests"])
+        decided = (st.get("gate") or {}).get("decided_by")
+        if decided:
+            fam = CounterMetricFamily("dspark_gate_decisions",
+                                      "Steps by what set their drafting state: the predicted "
+                                      "gain, the measured verdict, or an exploration burst.",
+                                      labels=["source", "state"])
+            for source, states in decided.items():
+                for state, n in states.items():
+                    fam.add_metric([source, state], n)
+            yield fam
         cm = st.get("cost_model")
         if cm:
             yield GaugeMetricFamily("dspark_cost_model_alpha_seconds", "Fixed step cost.",

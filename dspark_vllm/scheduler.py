@@ -19,8 +19,9 @@ from collections import deque
 
 from .budget import (AcceptanceEstimator, admit_greedy, admit_top, plan_draft,
                      production_budget, survival)
+from .config import GATE_ENV
 from .cost_model import DRAFT_PRIOR, CostModel, profile_key, profile_path
-from .gate import EXPLORE_MARGIN, TIE_MARGIN, Explorer, RealisedRates
+from .gate import EXPLORE_MARGIN, TIE_MARGIN, Explorer, PairedBursts, RealisedRates
 from .ledger_scheduler import LedgerScheduler
 
 log = logging.getLogger("vllm.dspark.scheduler")
@@ -49,6 +50,12 @@ class DSparkScheduler(LedgerScheduler):
         self._pool: deque[list[float]] = deque(maxlen=GATE_POOL)  # recent survivals
         self.rates = RealisedRates()  # measured tokens/s, drafted vs undrafted steps
         self.explorer = Explorer()
+        self.paired = PairedBursts()  # each burst vs the steps just before it
+        # What the gate's measured verdict reads (validated in config.py): the arms, or
+        # the paired bursts; the other is still kept and reported.
+        self.measure = self.paired if os.environ.get(GATE_ENV) == "paired" else self.rates
+        self.decided_by: dict[str, list[int]] = {}  # source -> [steps undrafted, drafted]
+        self._burst_next = self._burst = False  # the next / running step is a burst's
         self._prev_slots = 0  # slots the previous step drafted (what this one verifies)
         self.draft_len = self.max_drafts  # slots drafted per request next step
         log.info("DSpark load-aware budget: policy=%s, cost %s (%s)", self.policy,
@@ -111,7 +118,9 @@ class DSparkScheduler(LedgerScheduler):
         (gate.RealisedRates) where the predicted gain (budget.plan_draft) is unsure and both
         arms are measured at this load, else the prediction; gate.Explorer spends short
         bursts on the other arm where neither the prediction nor the arms are sure.
-        Decided from finished steps only, before the next drafts exist."""
+        With DSPARK_GATE_VERDICT=paired the verdict is gate.PairedBursts' instead: each
+        burst against the steps just before it. Decided from finished steps only, before
+        the next drafts exist."""
         self._pool.extend(surv)
         if not num_running:
             return
@@ -123,12 +132,18 @@ class DSparkScheduler(LedgerScheduler):
         # switch drafting off for a quiet engine where it clearly pays. Where the arms are
         # unsure too (verdict None), the prediction must clear the tie margin: a drafting
         # run pays transitions neither cost line sees.
-        measured = self.rates.verdict(num_running) if gain < EXPLORE_MARGIN else None
-        on = measured if measured is not None else gain > 1.0 + TIE_MARGIN
+        measured = self.measure.verdict(num_running) if gain < EXPLORE_MARGIN else None
+        chosen = measured if measured is not None else gain > 1.0 + TIE_MARGIN
         # A clear measured win is not re-checked either: each burst at one request costs
         # half its steps' tokens.
-        on = self.explorer.decide(on, gain, self.rates.gain(num_running), num_running)
+        on = self.explorer.decide(chosen, gain, self.measure.gain(num_running), num_running)
         self.draft_len = self.stats.draft_len = length if on else 0
+        # What set this state, counted per step (status, /metrics): where drafting ran on
+        # a prediction the arms never confirmed, or on exploration alone, shows here.
+        self._burst_next = self.explorer.probing
+        source = ("exploration" if self._burst_next else
+                  "verdict" if measured is not None else "prediction")
+        self.decided_by.setdefault(source, [0, 0])[int(self.draft_len > 0)] += 1
 
     def _observe_costs(self, draft_seconds: float) -> None:
         """Feed the last step's time to the two cost models: the step without its draft
@@ -145,6 +160,7 @@ class DSparkScheduler(LedgerScheduler):
     # ---------------------------------------------------------------- feedback
     def _shape_step(self, out):
         out.num_spec_tokens_to_schedule = min(out.num_spec_tokens_to_schedule, self.draft_len)
+        self._burst, self._burst_next = self._burst_next, False
         if out.num_scheduled_tokens and not out.num_spec_tokens_to_schedule:
             self.stats.skipped_drafts += 1
         return out
@@ -170,9 +186,11 @@ class DSparkScheduler(LedgerScheduler):
         if it verified drafts and drafted again, undrafted if neither (between: transitions)."""
         drafted, prev, self._prev_slots = self._step_slots > 0, self._prev_slots > 0, self._step_slots
         prefill, tokens = self._file_step(scheduler_output, sampled, seconds, drafted)
-        if drafted != prev or prefill:
-            return  # a transition, or prefill tokens in the step
-        self.rates.observe(len(scheduler_output.num_scheduled_tokens), drafted, tokens, seconds)
+        batch, clean = len(scheduler_output.num_scheduled_tokens), drafted == prev and not prefill
+        self.paired.observe(self._burst, batch, drafted,
+                           tokens / seconds if clean and seconds > 0 else None)
+        if clean:  # not a transition, no prefill tokens in the step
+            self.rates.observe(batch, drafted, tokens, seconds)
 
     def _free_request(self, request, *args, **kwargs):
         self._admitted.pop(request.request_id, None)
@@ -186,8 +204,12 @@ class DSparkScheduler(LedgerScheduler):
                 "draft_cost": {"alpha_s": self.draft_cost.cost.alpha,
                                "beta_s_per_slot": self.draft_cost.cost.beta},
                 "draft_len": self.draft_len,
-                "gate": {"tokens_per_second_by_batch": self.rates.table(),
+                "gate": {"verdict_by": "paired" if self.measure is self.paired else "arms",
+                         "tokens_per_second_by_batch": self.rates.table(),
                          "exploration_bursts": self.explorer.bursts,
+                         "paired_bursts_by_batch": self.paired.table(),
+                         "decided_by": {k: {"undrafted": v[0], "drafted": v[1]}
+                                        for k, v in sorted(self.decided_by.items())},
                          "exploration_every": {str(b): n for b, n in
                                                sorted(self.explorer.interval.items())}},
                 "fallback_acceptance": self.estimator.rates(self.max_drafts),

@@ -113,6 +113,39 @@ def test_paired_ratios_pair_each_instance_with_the_base_server_up_beside_it():
     assert paired_ratios({"dspark": res(1.0)}) == {}  # no base, no pairs
 
 
+def test_gate_rows_put_the_gates_readings_beside_the_ledger(tmp_path):
+    from benchmarks.report import gate_rows, write_report
+
+    def row(steps, seconds, tokens):
+        return {"steps": steps, "seconds": seconds, "generated_tokens": tokens, "prefill_tokens": 0}
+
+    status = {"gate": {"verdict_by": "paired",
+                       "decided_by": {"prediction": {"drafted": 7, "undrafted": 2},
+                                      "exploration": {"drafted": 0, "undrafted": 4}},
+                       "tokens_per_second_by_batch": {
+                           "16": {"drafted_tok_s": 120.0, "undrafted_tok_s": 100.0},
+                           "4": {"drafted_tok_s": 50.0, "undrafted_tok_s": None}},
+                       "paired_bursts_by_batch": {"16": {"pairs": 5, "gain": 0.97,
+                                                         "log_gain_stderr": 0.02,
+                                                         "verdict": False}}},
+              "steps_by_load": {"16": {"decode_verify_draft": row(10, 1.0, 100),
+                                       "decode_noverify_nodraft": row(30, 3.0, 330),
+                                       "prefill_verify_draft": row(5, 2.0, 50)}}}
+    results = {"no-spec": {"spec": None, "points": {}},
+               "dspark": {"spec": {}, "points": {}, "instance_status": [None, status]}}
+    rows = gate_rows(results)
+    assert [(r["instance"], r["batch"]) for r in rows] == [(2, 4), (2, 16)]
+    low, busy = rows
+    assert low["arms_gain"] is None and low["paired_gain"] is None and low["drafted_share"] is None
+    assert busy["arms_gain"] == pytest.approx(1.2) and busy["paired_verdict"] is False
+    assert busy["ledger_gain"] == pytest.approx(100 / 110)  # clean steps only, no prefill
+    assert busy["drafted_share"] == pytest.approx(0.25) and busy["pairs"] == 5
+    write_report(tmp_path, results)
+    text = (tmp_path / "sweep.md").read_text()
+    assert "| dspark | 2 | 16 | 1.20 | 0.97x (±2%, 5) | 0.91 | 25 |" in text
+    assert "| dspark | 2 | paired | 7 / 2 | 0 / 0 | 0 / 4 |" in text
+
+
 @pytest.mark.engine
 @pytest.mark.slow
 def test_serving_sweep_quick(tmp_path):

@@ -344,6 +344,10 @@ def test_status_view_and_metrics(adaptive):
     # The gate's measured arms were fed by the earlier tests' pure-decode steps.
     arms = status["status"]["gate"]["tokens_per_second_by_batch"]
     assert any((a["drafted_tok_s"] or 0) > 0 for a in arms.values()), arms
+    # Every planned step was counted under what set its state, from the known sources.
+    decided = status["status"]["gate"]["decided_by"]
+    assert set(decided) <= {"prediction", "verdict", "exploration"}, decided
+    assert sum(v["drafted"] for v in decided.values()) > 0, decided
     # The step ledger saw the prompts' prefill steps and the drafted decode steps.
     kinds = status["status"]["steps_by_kind"]
     assert sum(k["prefill_tokens"] for k in kinds.values()) > 0, kinds
@@ -356,7 +360,8 @@ def test_status_view_and_metrics(adaptive):
     for name in ("dspark_verify_budget_tokens_bucket", "dspark_phase_seconds_total",
                  "dspark_accepted_tokens_expected_total", "dspark_cost_model_beta_seconds",
                  "dspark_draft_passes_skipped_total", "dspark_step_cycle_seconds_total",
-                 'dspark_context_rows_total{fate="written"}', "dspark_context_rows_owed"):
+                 'dspark_context_rows_total{fate="written"}', "dspark_context_rows_owed",
+                 "dspark_gate_decisions_total"):
         assert name in text, name
     # Every series the bundled Grafana dashboard plots is one the server exports.
     import re
