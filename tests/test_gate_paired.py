@@ -1,0 +1,150 @@
+"""The draft gate's paired-burst verdict (gate.PairedBursts), its decision counter and the
+DSPARK_GATE_VERDICT switch, at tiny sizes."""
+
+import math
+
+from dspark_vllm.budget import plan_draft, survival
+from dspark_vllm.gate import Explorer, PairedBursts, RealisedRates
+from tests.test_gate import COST, DRAFT, _fake_scheduler
+
+
+def _run(paired: PairedBursts, steps) -> None:
+    """Feed (burst, batch, drafted, rate or None) steps."""
+    for step in steps:
+        paired.observe(*step)
+
+
+def _burst(batch: int, arm: bool, rates) -> list:
+    """A burst as the scheduler sees it: a transition step, then clean steps at `rates`,
+    then the transition back (not a burst step)."""
+    return ([(True, batch, arm, None)] + [(True, batch, arm, r) for r in rates]
+            + [(False, batch, not arm, None)])
+
+
+def test_a_burst_is_judged_against_the_steps_just_before_it():
+    p = PairedBursts(neighbours=3, min_pairs=2)
+    # Undrafted steps at 100 tok/s, then a drafting burst at 120: one pair, log(1.2).
+    _run(p, [(False, 16, False, 100.0)] * 5 + _burst(16, True, [120.0] * 3))
+    assert p.summary(16) is None  # one pair is not enough
+    assert math.isclose(p.pairs[16][0], math.log(1.2))
+    # The engine slows down (longer contexts): 50 tok/s undrafted, drafting bursts at 60.
+    # Unpaired arms would read 60 vs the 100s of the past; the pair reads 1.2 again.
+    _run(p, [(False, 16, False, 50.0)] * 5 + _burst(16, True, [60.0] * 3))
+    n, mean, se = p.summary(16)
+    assert n == 2 and math.isclose(mean, math.log(1.2)) and se > 0
+    # A burst of undrafted steps while drafting: the pair is still log(drafted / undrafted).
+    _run(p, [(False, 16, True, 90.0)] * 4 + _burst(16, False, [100.0] * 3))
+    assert math.isclose(p.pairs[16][-1], math.log(0.9))
+    assert p.verdict(8) is None and p.table()["16"]["pairs"] == 3
+
+
+def test_stale_other_load_and_transition_steps_make_no_pair():
+    p = PairedBursts(neighbours=3, fresh=10, min_pairs=1)
+    # Neighbours older than `fresh` steps: the load's mix has moved on.
+    _run(p, [(False, 16, False, 100.0)] * 3 + [(False, 16, False, None)] * 12
+         + _burst(16, True, [120.0] * 3))
+    # Neighbours at another load; a burst whose clean steps fell at another load.
+    _run(p, [(False, 4, False, 100.0)] * 3 + _burst(16, True, [120.0] * 3))
+    _run(p, [(False, 16, False, 100.0)] * 3 + [(True, 16, True, None), (True, 4, True, 120.0),
+                                                (False, 16, False, None)])
+    assert p.pairs == {}
+    # Steps of the burst's own arm before it (an earlier switch) are not its neighbours.
+    p = PairedBursts(neighbours=3, fresh=10, min_pairs=1)
+    _run(p, [(False, 16, True, 300.0)] * 3 + _burst(16, True, [120.0] * 3))
+    assert p.pairs == {}
+
+
+def test_paired_verdict_follows_the_tie_rule():
+    def verdict(ratios):
+        p = PairedBursts(neighbours=2, min_pairs=3)
+        for g in ratios:
+            _run(p, [(False, 8, False, 100.0)] * 2 + _burst(8, True, [100.0 * g] * 3))
+        return p.verdict(8)
+
+    assert verdict([1.02, 1.01, 1.03]) is False  # inside the tie margin
+    assert verdict([0.9, 1.2, 0.95]) is False  # a mean loss, however noisy
+    assert verdict([1.5, 0.9, 1.3]) is None  # a mean win the spread could explain
+    assert verdict([1.2, 1.25, 1.22, 1.18]) is True
+
+
+def test_pairs_cancel_drift_the_unpaired_arms_read_as_a_gain():
+    """A true tie at 13-16 requests. The load settles from 16 to 13 requests (one bucket):
+    the undrafted arm, fed every step, follows within ~20 steps; the drafted one, fed 3
+    steps per burst, keeps the faster past for ~6 bursts and reads a win. The pairs,
+    each burst against the steps just before it, read the tie."""
+    import random
+
+    rng = random.Random(0)
+    rates, paired = RealisedRates(), PairedBursts()
+    for block in range(12):
+        batch = 16 if block < 10 else 13
+        for _ in range(29):
+            x = 10.0 * batch * rng.gauss(1.0, 0.05)
+            rates.observe(batch, False, x, 1.0)
+            paired.observe(False, batch, False, x)
+        paired.observe(True, batch, True, None)
+        for _ in range(3):
+            x = 10.0 * batch * rng.gauss(1.0, 0.05)
+            rates.observe(batch, True, x, 1.0)
+            paired.observe(True, batch, True, x)
+        paired.observe(False, batch, False, None)
+    # The unpaired arms read a 9% win (too noisy to act on, yet no loss either); the
+    # pairs read the tie, and are sure of it.
+    assert rates.gain(16) > 1.08 and rates.verdict(16) is not False
+    assert abs(paired.gain(16) - 1.0) < 0.03 and paired.verdict(16) is False
+
+
+def test_the_scheduler_tags_burst_steps_and_counts_what_decided():
+    from dspark_vllm.scheduler import DSparkScheduler
+
+    plan = DSparkScheduler._plan_next_draft
+    p = next(p / 100 for p in range(30, 100)
+             if 1.05 < plan_draft([survival([p / 100] * 7)] * 8, [], 16, COST, DRAFT, 10_000,
+                                  7)[1] < 1.3)
+    fake = _fake_scheduler([survival([p] * 7)] * 8)
+    fake.explorer = Explorer(every=8, burst=4)
+    bursts = []
+    for _ in range(40):
+        plan(fake, [], [], 16, 10_000)
+        bursts.append(fake._burst_next)
+    # Nothing measured: the prediction drafts; every 8 steps a burst of 4 does not.
+    assert sum(bursts) == 4 * fake.explorer.bursts and fake.explorer.bursts >= 2
+    assert fake.decided_by["prediction"] == [0, 40 - sum(bursts)]
+    assert fake.decided_by["exploration"] == [sum(bursts), 0]
+
+
+def test_gate_decisions_reach_prometheus(tmp_path, monkeypatch):
+    from dspark_vllm.metrics import METRICS_ENV, DSparkCollector, DSparkStats
+
+    path = tmp_path / "stats.json"
+    monkeypatch.setenv(METRICS_ENV, str(path))
+    gate = {"decided_by": {"prediction": {"undrafted": 2, "drafted": 5},
+                           "exploration": {"undrafted": 3, "drafted": 0}}}
+    DSparkStats(7).maybe_publish(lambda: {"policy": "greedy", "gate": gate}, force=True)
+    fam = {f.name: f for f in DSparkCollector(path).collect()}["dspark_gate_decisions"]
+    got = {(s.labels["source"], s.labels["state"]): s.value for s in fam.samples
+           if s.name.endswith("_total")}
+    assert got == {("prediction", "undrafted"): 2, ("prediction", "drafted"): 5,
+                   ("exploration", "undrafted"): 3, ("exploration", "drafted"): 0}
+
+
+def test_the_paired_verdict_can_drive_the_gate():
+    """DSPARK_GATE_VERDICT=paired: the bursts' pairs decide where the prediction is unsure;
+    arms that read a win (fed at different times) no longer do."""
+    from dspark_vllm.scheduler import DSparkScheduler
+
+    plan = DSparkScheduler._plan_next_draft
+    p = next(p / 100 for p in range(30, 100)
+             if 1.05 < plan_draft([survival([p / 100] * 7)] * 8, [], 16, COST, DRAFT, 10_000,
+                                  7)[1] < 1.3)
+    fake = _fake_scheduler([survival([p] * 7)] * 8)
+    for _ in range(4):
+        fake.rates.observe(16, True, 30, 0.2)  # the arms: 150 vs 100 tok/s
+        fake.rates.observe(16, False, 10, 0.1)
+    plan(fake, [], [], 16, 10_000)
+    assert fake.draft_len > 0 and fake.decided_by["verdict"] == [0, 1]
+    fake.measure = fake.paired  # three bursts, each level with the steps before it
+    for _ in range(3):
+        _run(fake.paired, [(False, 16, False, 100.0)] * 3 + _burst(16, True, [100.0] * 3))
+    plan(fake, [], [], 16, 10_000)
+    assert fake.draft_len == 0 and fake.decided_by["verdict"] == [1, 1]
