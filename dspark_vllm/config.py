@@ -30,14 +30,19 @@ class DSparkConfigError(ValueError):
     pass
 
 
-def _switch(name: str, default: str, one: str, zero: str) -> bool:
-    """A 0/1 environment switch (unset: `default`) -> whether it is 1; anything else is
-    refused with what each value means."""
+def _choice(name: str, default: str, meanings: dict[str, str]) -> str:
+    """An environment choice (unset: `default`) -> its value; anything but a key of
+    `meanings` is refused with what each value means."""
     value = os.environ.get(name, default)
-    if value not in ("0", "1"):
-        unset = {default: " / unset"}
-        raise DSparkConfigError(f"{name}={value!r}: use 1{unset.get('1', '')} ({one}) or "
-                                f"0{unset.get('0', '')} ({zero})")
+    if value not in meanings:
+        raise DSparkConfigError(f"{name}={value!r}: use " + " or ".join(
+            f"{k}{' / unset' if k == default else ''} ({v})" for k, v in meanings.items()))
+    return value
+
+
+def _switch(name: str, default: str, one: str, zero: str) -> bool:
+    """A 0/1 environment switch (unset: `default`) -> whether it is 1."""
+    return _choice(name, default, {"1": one, "0": zero}) == "1"
     return value == "1"
 
 
@@ -133,10 +138,7 @@ class DSparkServeConfig:
                 "one batched write, the default", "write it every step")
         _switch(HANDOVER_ENV, "1", "a step's drafts ride its output to the engine, the default",
                 "vLLM's separate take_draft_token_ids RPC")
-        gate = os.environ.get(GATE_ENV, "arms")
-        if gate not in GATE_VERDICTS:
-            raise DSparkConfigError(f"{GATE_ENV}={gate!r}: use " + " or ".join(
-                f"{k}{' / unset' if k == 'arms' else ''} ({v})" for k, v in GATE_VERDICTS.items()))
+        _choice(GATE_ENV, "arms", GATE_VERDICTS)
         return cls(drafter_dir=path, drafter=dcfg, num_speculative_tokens=k, adaptive=adaptive,
                    probabilistic=sc.draft_sample_method == "probabilistic",
                    keep_cached_block=not drop)

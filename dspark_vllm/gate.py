@@ -54,6 +54,16 @@ PAIRS_KEPT = 16  # recent paired bursts per load: ~16 x 4 burst steps, still fol
 MIN_PAIRS = 3  # paired bursts before their mean is trusted
 
 
+def judge(excess: float, noise: float, z: float = Z_SURE) -> bool | None:
+    """The measured verdict's rule, shared by both readings. `excess`: drafting's measured
+    advantage beyond the tie margin; `noise`: its standard error. A loss or tie (excess <= 0)
+    is sure: do not draft. A win is sure only beyond z standard errors: draft. Between: None,
+    unsure (the caller falls back on its prediction)."""
+    if excess <= 0:
+        return False
+    return True if excess > z * noise else None
+
+
 def bucket(batch: int) -> int:
     """Batch sizes that share arms: exact up to 4, then 2-wide to 8, then 4-wide.
     (Closed-loop load wanders by a few requests; exact keys would starve the arms.)"""
@@ -105,12 +115,9 @@ class RealisedRates:
         on, off = self.rate(batch, True), self.rate(batch, False)
         if on is None or off is None:
             return None
-        bar = off * (1.0 + self.tie_margin)
-        if on <= bar:
-            return False
         noise = math.hypot(self._stderr(batch, True),
                            (1.0 + self.tie_margin) * self._stderr(batch, False))
-        return True if on - bar > self.z * noise else None
+        return judge(on - off * (1.0 + self.tie_margin), noise, self.z)
 
     def gain(self, batch: int) -> float | None:
         """Measured tokens per second drafting over not drafting at this load; None until
@@ -181,7 +188,7 @@ class PairedBursts:
     Bursts start on the explorer's timer, not on how steps turned out, so their pairs are
     an unbiased sample; the gate's own switches are left out (they follow a verdict, so the
     steps before them are selected). The verdict reads the mean of the recent pairs and
-    its standard error, with RealisedRates' rule: a loss or tie (mean under the tie margin)
+    its standard error, with RealisedRates' rule (judge): a loss or tie (mean under the tie margin)
     is sure; a win must clear Z_SURE standard errors beyond it.
     """
 
@@ -240,12 +247,7 @@ class PairedBursts:
         False: the mean gain is under the tie margin; True: over it by Z_SURE standard
         errors; None: too few pairs, or a win their spread could explain."""
         s = self.summary(batch)
-        if s is None:
-            return None
-        _, mean, se = s
-        if mean <= self.tie:
-            return False
-        return True if mean - self.tie > self.z * se else None
+        return None if s is None else judge(s[1] - self.tie, s[2], self.z)
 
     def gain(self, batch: int) -> float | None:
         s = self.summary(batch)
@@ -258,7 +260,7 @@ class PairedBursts:
             if s is not None:
                 out[str(b)] = {"pairs": s[0], "gain": round(math.exp(s[1]), 4),
                                "log_gain_stderr": round(s[2], 4),
-                               "verdict": self.verdict(b)}
+                               "verdict": judge(s[1] - self.tie, s[2], self.z)}
         return out
 
 
