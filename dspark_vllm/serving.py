@@ -12,6 +12,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from contextlib import contextmanager
 from pathlib import Path
 
 from .metrics import METRICS_ENV
@@ -60,10 +61,16 @@ class VllmServer:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def start(self, timeout: float = 900) -> VllmServer:
+    def launch(self) -> VllmServer:
+        """Start the process without waiting for it (see `serving`)."""
         out = open(self.log_path, "w") if self.log_path else subprocess.DEVNULL
         self.proc = subprocess.Popen(self.cmd, env=self.env, stdout=out,
                                      stderr=subprocess.STDOUT, start_new_session=True)
+        return self
+
+    def wait_ready(self, timeout: float = 900) -> VllmServer:
+        """Poll /health until it answers 200; a process that exits, or a timeout, raises
+        with the log's tail."""
         deadline = time.time() + timeout
         while time.time() < deadline:
             if self.proc.poll() is not None:
@@ -78,6 +85,9 @@ class VllmServer:
             time.sleep(1)
         self.stop()
         raise TimeoutError(f"vllm serve not healthy after {timeout}s" + self._log_tail())
+
+    def start(self, timeout: float = 900) -> VllmServer:
+        return self.launch().wait_ready(timeout)
 
     def _log_tail(self, n: int = 4000) -> str:
         if self.log_path and self.log_path.is_file():
@@ -117,6 +127,22 @@ class VllmServer:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+@contextmanager
+def serving(*servers: VllmServer, timeout: float = 900):
+    """Start several servers side by side and stop them all however the block ends. A
+    server's start-up is mostly one busy thread (imports, weight loading, the KV cache's
+    allocation), so two start on two cores in about the time of one."""
+    try:
+        for s in servers:
+            s.launch()
+        for s in servers:
+            s.wait_ready(timeout)
+        yield servers
+    finally:
+        for s in servers:
+            s.stop()
 
 
 def metric_sum(metrics: dict[str, float], name: str) -> float:

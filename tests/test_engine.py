@@ -18,7 +18,8 @@ import pytest
 from scipy.stats import chi2_contingency
 
 from dspark_vllm.config import LEDGER_SCHEDULER_CLS
-from dspark_vllm.serving import VllmServer, acceptance_length, metric_sum, metrics_delta
+from dspark_vllm.serving import (VllmServer, acceptance_length, metric_sum, metrics_delta,
+                                 serving)
 from dspark_vllm.target import prepare_target
 from tests.engine_utils import chat_all, drafter_for_tests, prompt_mix
 
@@ -48,7 +49,7 @@ def servers(target, drafter, tmp_path_factory):
     plain = VllmServer(target, max_model_len=MAX_LEN, log_path=logs / "plain.log")
     spec = VllmServer(target, spec=_spec(drafter), max_model_len=MAX_LEN,
                       log_path=logs / "dspark.log")
-    with plain, spec:
+    with serving(plain, spec):
         yield plain, spec
 
 

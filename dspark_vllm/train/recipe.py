@@ -51,7 +51,9 @@ def run_recipe(cfg: RecipeConfig) -> dict:
     from .trainer import train
 
     out = Path(cfg.out)
-    quick = dict(num_prompts=48, max_new_tokens=48, shard_size=24) if cfg.quick else {}
+    # Quick: a minute-sized end-to-end check (tests), not a drafter: no torch.compile for
+    # a few hundred generated tokens.
+    quick = dict(num_prompts=24, max_new_tokens=32, shard_size=12, eager=True) if cfg.quick else {}
     mdc = MakeDataConfig(out_dir=str(out / "data"), target=cfg.target,
                          **({"num_prompts": cfg.num_prompts,
                              "max_new_tokens": cfg.max_new_tokens} | quick))
