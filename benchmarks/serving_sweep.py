@@ -24,7 +24,7 @@ from benchmarks.load import closed_loop, open_loop, summarize
 from benchmarks.report import PHASES
 from dspark_vllm.config import LEDGER_SCHEDULER_CLS
 from dspark_vllm.serving import (BUNDLED_DRAFTER, VllmServer, acceptance_length, metric_sum,
-                                 metrics_delta)
+                                 metrics_delta, serving)
 
 MAX_TOKENS = 128
 DEFAULT_MTP1 = "runs/smollm2/mtp-1/drafter"
@@ -232,12 +232,12 @@ def run_sweep(args) -> dict:
     for group in server_groups(list(cfgs), args.interleave, args.instances):
         with ExitStack() as stack:
             servers, instance = {}, {name: len(status.get(name, [])) for name in group}
-            for name in group:  # start order = the group's order (rotated per instance)
+            for name in group:  # launch order = the group's order (rotated per instance)
                 print(f"== {name} (server instance {instance[name] + 1}): {cfgs[name]}", flush=True)
-                t0 = time.time()
-                servers[name] = stack.enter_context(
-                    _server(target, name, cfgs[name], out, args, instance[name]))
-                print(f"   up in {time.time() - t0:.0f}s", flush=True)
+                servers[name] = _server(target, name, cfgs[name], out, args, instance[name])
+            t0 = time.time()
+            stack.enter_context(serving(*servers.values()))  # side by side
+            print(f"   {len(servers)} up in {time.time() - t0:.0f}s", flush=True)
             for c in args.concurrency:
                 for rep in range(args.repeats):
                     for name, server in servers.items():  # alternate (when interleaved)
