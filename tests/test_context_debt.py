@@ -111,26 +111,18 @@ def test_only_padding_owes_nothing():
     assert debt.take() is None and len(debt) == 0
 
 
-def _engine_runs(*settings: tuple[str, str, str]) -> list[dict]:
-    """tests/context_debt_check.py once per (defer, prefix caching, hand-over), the runs side
-    by side (separate processes: each engine's start-up is mostly one busy thread)."""
+def _engine_run(defer: str, prefix_caching: str, handover: str = "1") -> dict:
     import json
     import subprocess
     import sys
     from pathlib import Path
 
-    procs = [subprocess.Popen([sys.executable, "-m", "tests.context_debt_check", "--defer", d,
-                               "--prefix-caching", p, "--handover", h],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                              cwd=Path(__file__).resolve().parent.parent)
-             for d, p, h in settings]
-    out = []
-    for proc in procs:
-        stdout, stderr = proc.communicate(timeout=900)
-        lines = [x for x in stdout.splitlines() if x.startswith("{")]
-        assert proc.returncode == 0 and lines, (stdout[-2000:], stderr[-3000:])
-        out.append(json.loads(lines[-1]))
-    return out
+    r = subprocess.run([sys.executable, "-m", "tests.context_debt_check", "--defer", defer,
+                        "--prefix-caching", prefix_caching, "--handover", handover], capture_output=True, text=True,
+                       timeout=900, cwd=Path(__file__).resolve().parent.parent)
+    lines = [x for x in r.stdout.splitlines() if x.startswith("{")]
+    assert r.returncode == 0 and lines, (r.stdout[-2000:], r.stderr[-3000:])
+    return json.loads(lines[-1])
 
 
 def test_the_engine_drafts_the_same_with_deferred_context():
@@ -140,8 +132,9 @@ def test_the_engine_drafts_the_same_with_deferred_context():
     proposes and accepts exactly what writing it every step does, and computes fewer rows.
     The reference run is also vLLM's own draft hand-over (one RPC a step); the others hand
     the drafts over on each step's output (patches/draft_handover.py) and never ask."""
-    every_step, deferred, dropped = _engine_runs(("0", "1", "0"), ("1", "1", "1"),
-                                                 ("1", "0", "1"))
+    every_step = _engine_run("0", "1", handover="0")
+    deferred = _engine_run("1", "1")
+    dropped = _engine_run("1", "0")
     assert every_step["drafts"] > 0 and every_step["accepted"] > 0
     assert every_step["draft_rpcs"] > 0
     for run in (deferred, dropped):

@@ -36,7 +36,7 @@ class MakeDataConfig:
     dtype: str = "auto"
     """vLLM dtype; auto = bfloat16 where the CPU has native bf16 (AMX/AVX512-BF16), else float32."""
     eager: bool = False
-    """Skip vLLM's torch.compile: starts ~1 min sooner, generates slower (quick runs)."""
+    """Skip vLLM's torch.compile: starts sooner, generates slower (the recipe's quick mode)."""
 
     def validate(self) -> None:
         from ..hardware import DTYPES
