@@ -43,7 +43,6 @@ def _choice(name: str, default: str, meanings: dict[str, str]) -> str:
 def _switch(name: str, default: str, one: str, zero: str) -> bool:
     """A 0/1 environment switch (unset: `default`) -> whether it is 1."""
     return _choice(name, default, {"1": one, "0": zero}) == "1"
-    return value == "1"
 
 
 def vllm_version_ok(version: str) -> bool:
