@@ -31,3 +31,13 @@ def test_ece_and_auc_basics():
 def test_survival_is_a_cumulative_product():
     z = np.array([[0.0, 0.0, 100.0]])
     assert np.allclose(survival(z, np.ones(3)), [[0.5, 0.25, 0.25]])
+
+
+def test_report_writes_undefined_aucs_as_json_null():
+    import json
+
+    z = np.array([[2.0, 1.0], [1.0, -1.0], [0.5, 0.2]])
+    acc = np.array([[True, False], [True, False], [True, False]])  # one outcome per position
+    rep = report(z, acc, np.ones(2))
+    assert rep["auc_per_position"] == [None, None] and rep["auc_mean"] is None
+    json.loads(json.dumps(rep), parse_constant=lambda c: (_ for _ in ()).throw(ValueError(c)))

@@ -50,6 +50,10 @@ def auc(score: np.ndarray, label: np.ndarray) -> float:
     return float((ranks[label].sum() - npos * (npos + 1) / 2) / (npos * nneg))
 
 
+def _json_num(x: float) -> float | None:
+    return None if np.isnan(x) else float(x)
+
+
 def survival(z: np.ndarray, temps: np.ndarray) -> np.ndarray:
     """z: [N, G] confidence logits -> a: [N, G] cumulative products of sigmoid(z / T)."""
     return np.cumprod(1.0 / (1.0 + np.exp(-z / temps[None, :])), axis=1)
@@ -73,11 +77,14 @@ def report(z: np.ndarray, accepted: np.ndarray, temps: np.ndarray) -> dict:
     for k in range(z.shape[1]):
         reached = accepted[:, k - 1] if k else np.ones(len(z), bool)  # conditional on prefix
         per_pos_auc.append(auc(z[reached, k], accepted[reached, k]))
+    defined = [x for x in per_pos_auc if not np.isnan(x)]
+    # An AUC is undefined where the held-out blocks hold only one outcome (quick mode's few
+    # blocks often do): it is written as null, which strict JSON readers accept and NaN is not.
     return {
         "temperatures": temps.tolist(),
-        "auc_per_position": per_pos_auc,
-        "auc_mean": float(np.nanmean(per_pos_auc)),
-        "auc_survival": auc(a_cal.ravel(), accepted.ravel()),
+        "auc_per_position": [_json_num(x) for x in per_pos_auc],
+        "auc_mean": float(np.mean(defined)) if defined else None,
+        "auc_survival": _json_num(auc(a_cal.ravel(), accepted.ravel())),
         "ece_survival_before": ece(a_raw, accepted),
         "ece_survival_after": ece(a_cal, accepted),
         "blocks": int(len(z)),
