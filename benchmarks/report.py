@@ -155,12 +155,19 @@ def write_report(out: Path, results: dict) -> None:
               for c, p in r["points"].items() if "ledger_overhead_ms" in p["median"]]
     if ledger:
         lines += ["", "## Where the engine's time goes (step ledger, warm-up included)", "",
-                  "| config | conc | decode steps: tok per cycle-s | prefill steps' share of "
-                  "engine time | engine time around each model step |", "|---|---|---|---|---|"]
+                  "| config | conc | decode steps: tok per cycle-s | all steps: tok per cycle-s "
+                  "| prefill steps' share of engine time | engine time around each model step "
+                  "| engine busy, % of wall |", "|---|---|---|---|---|---|---|"]
+
+        def opt(m, key, fmt, scale=1.0):  # runs before these columns existed lack them
+            return format(scale * m[key], fmt) if key in m else "-"
+
         for name, c, m in ledger:
             lines.append(f"| {name} | {c} | {m.get('ledger_decode_tok_s', 0):.1f} | "
+                         f"{opt(m, 'ledger_engine_tok_s', '.1f')} | "
                          f"{100 * m['ledger_prefill_share']:.0f}% | "
-                         f"{m['ledger_overhead_ms']:.1f} ms |")
+                         f"{m['ledger_overhead_ms']:.1f} ms | "
+                         f"{opt(m, 'ledger_busy_share', '.0f', 100)} |")
     pr = paired_ratios(results)
     if pr:
         lines += ["", "## Throughput vs no-spec, paired by server instance", "",

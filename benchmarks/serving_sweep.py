@@ -99,15 +99,17 @@ def measure_once(server, prompts, conc, reqs, warmup, rep, open_rate=None) -> di
     """One repeat of one load point (prompts rotated by the repeat index)."""
     url = server.url
     before, kinds0 = server.metrics(), _kinds(server)
+    t0 = time.perf_counter()
     if open_rate:
         res, window = asyncio.run(open_loop(url, prompts[rep:] + prompts[:rep], open_rate * conc,
                                             reqs, MAX_TOKENS, seed=rep))
     else:
         res, window = asyncio.run(closed_loop(url, prompts[rep:] + prompts[:rep], conc, reqs,
                                               MAX_TOKENS, warmup=warmup))
+    wall = time.perf_counter() - t0
     after, kinds1 = server.metrics(), _kinds(server)
     s = summarize(res, window)
-    s.update(ledger_summary(kinds0, kinds1))
+    s.update(ledger_summary(kinds0, kinds1, wall))
     d = metrics_delta(before, after)
     drafts = metric_sum(d, "vllm:spec_decode_num_drafts_total")
     s["acceptance_length"] = acceptance_length(d) or 1.0
@@ -130,10 +132,14 @@ def _kinds(server) -> dict:
     return (status.get("status") or {}).get("steps_by_kind") or {}
 
 
-def ledger_summary(before: dict, after: dict) -> dict:
+def ledger_summary(before: dict, after: dict, wall: float | None = None) -> dict:
     """The step ledger over one load window (warm-up included; servers with a ledger only):
     generated tokens per engine-cycle second of pure-decode steps, the share of engine time
-    spent in steps carrying prefill, and the engine's own time around each model step."""
+    spent in steps carrying prefill, and the engine's own time around each model step.
+    With the window's `wall` seconds also the share of it the engine spent in step cycles
+    (the rest it sat idle, no request running: between a request's end and the next one's
+    arrival) and generated tokens per cycle second over every step: what the clients would
+    see from an engine never left idle."""
     rows = {k: {f: v - before.get(k, {}).get(f, 0) for f, v in r.items()} for k, r in after.items()}
     if not rows:
         return {}
@@ -147,6 +153,9 @@ def ledger_summary(before: dict, after: dict) -> dict:
            if steps else 0.0}
     if dec_cycle:
         out["ledger_decode_tok_s"] = sum(r["generated_tokens"] for r in dec) / dec_cycle
+    if wall and cycle:
+        out["ledger_busy_share"] = cycle / wall
+        out["ledger_engine_tok_s"] = sum(r["generated_tokens"] for r in rows.values()) / cycle
     return out
 
 

@@ -77,6 +77,10 @@ def test_ledger_summary_prices_one_window():
     assert s["ledger_decode_tok_s"] == pytest.approx(100 / 1.0)
     assert s["ledger_prefill_share"] == pytest.approx(1.0 / 2.0)
     assert s["ledger_overhead_ms"] == pytest.approx(1e3 * (2.0 - 1.8) / 12)
+    assert "ledger_busy_share" not in s  # no wall time given
+    busy = ledger_summary(before, after, wall=2.5)  # 2.0 s of cycles in a 2.5 s window
+    assert busy["ledger_busy_share"] == pytest.approx(0.8)
+    assert busy["ledger_engine_tok_s"] == pytest.approx(104 / 2.0)
     assert ledger_summary({}, {}) == {}
 
 
