@@ -33,9 +33,11 @@ BATCH_SCHEDULE = [[1, 2, 7], [3, 4, 5], [5, 8, 3], [9, 16, 2], [17, 1024, 1]]
 # drafter's context K/V written on every step (DSPARK_DEFER_CONTEXT=0, against deferring it:
 # context_debt.py), and with vLLM's separate draft RPC after each step
 # (DSPARK_DRAFT_HANDOVER=0, against drafts on the step's output: patches/draft_handover.py),
-# and with the draft gate judging by paired bursts (DSPARK_GATE_VERDICT=paired: gate.py).
+# and with the draft gate judging by its arms' running means (DSPARK_GATE_VERDICT=arms, the
+# default until 2026-12-02) or by paired bursts (the default now; named for the earlier A/Bs).
 CONFIG_ENV = {"dspark-adaptive-stepwise-context": {"DSPARK_DEFER_CONTEXT": "0"},
               "dspark-adaptive-draft-rpc": {"DSPARK_DRAFT_HANDOVER": "0"},
+              "dspark-adaptive-arms": {"DSPARK_GATE_VERDICT": "arms"},
               "dspark-adaptive-paired": {"DSPARK_GATE_VERDICT": "paired"}}
 # A/A control, run only when named: a second, identical plain server. On this CPU two
 # copies of one server differ by up to ~1.2x at 16 requests (a server instance keeps a speed

@@ -20,8 +20,8 @@ BLOCK_DROP_ENV = "DSPARK_EAGLE_BLOCK_DROP"  # "1": vLLM's EAGLE prefix-cache blo
 DEFER_ENV = "DSPARK_DEFER_CONTEXT"  # "0": write the drafter's context K/V every step
 HANDOVER_ENV = "DSPARK_DRAFT_HANDOVER"  # "0": drafts reach the engine by vLLM's extra RPC
 GATE_ENV = "DSPARK_GATE_VERDICT"  # what the draft gate measures by (gate.py)
-GATE_VERDICTS = {"arms": "each arm's running mean, the default",
-                 "paired": "each exploration burst against the steps just before it"}
+GATE_VERDICTS = {"paired": "each exploration burst against the steps just before it, the default",
+                 "arms": "each arm's running mean"}
 ACTIVE_ENV = "DSPARK_VLLM_ACTIVE"  # set once a dspark config is validated; inherited by
 # the engine and worker processes so the plugin patches only engines that serve DSpark
 
@@ -137,7 +137,7 @@ class DSparkServeConfig:
                 "one batched write, the default", "write it every step")
         _switch(HANDOVER_ENV, "1", "a step's drafts ride its output to the engine, the default",
                 "vLLM's separate take_draft_token_ids RPC")
-        _choice(GATE_ENV, "arms", GATE_VERDICTS)
+        _choice(GATE_ENV, "paired", GATE_VERDICTS)
         return cls(drafter_dir=path, drafter=dcfg, num_speculative_tokens=k, adaptive=adaptive,
                    probabilistic=sc.draft_sample_method == "probabilistic",
                    keep_cached_block=not drop)

@@ -23,6 +23,12 @@ that changes it resets the interval: a steady busy engine, where bursts keep con
 "do not draft", stops paying for them (11% of its steps at 16 requests before, each burst's
 first step a draft pass nothing verifies).
 
+Which measurement gives the verdict: PairedBursts (below) by default, RealisedRates' arms
+with DSPARK_GATE_VERDICT=arms. At one request a step's rate is that request's acceptance,
+which moves with the prompt; the arms, each fed at its own moments, read drafting behind
+after a run of hard prompts and switched it off where it paid (served: 0.92x the best fixed
+draft length against 1.00x with the paired verdict, README).
+
 Causality: the arms read finished steps only; no draft is admitted or dropped because of
 how it turned out (admission stays budget.admit_greedy's), only the next step's draft length.
 """

@@ -53,7 +53,7 @@ class DSparkScheduler(LedgerScheduler):
         self.paired = PairedBursts()  # each burst vs the steps just before it
         # What the gate's measured verdict reads (validated in config.py): the arms, or
         # the paired bursts; the other is still kept and reported.
-        self.measure = self.paired if os.environ.get(GATE_ENV) == "paired" else self.rates
+        self.measure = self.rates if os.environ.get(GATE_ENV) == "arms" else self.paired
         self.decided_by: dict[str, list[int]] = {}  # source -> [steps undrafted, drafted]
         self._burst_next = self._burst = False  # the next / running step is a burst's
         self._prev_slots = 0  # slots the previous step drafted (what this one verifies)
@@ -115,12 +115,12 @@ class DSparkScheduler(LedgerScheduler):
 
     def _plan_next_draft(self, surv, counts, num_running: int, token_budget: int) -> None:
         """The next step's draft length: whether to draft at all is the measured verdict
-        (gate.RealisedRates) where the predicted gain (budget.plan_draft) is unsure and both
-        arms are measured at this load, else the prediction; gate.Explorer spends short
-        bursts on the other arm where neither the prediction nor the arms are sure.
-        With DSPARK_GATE_VERDICT=paired the verdict is gate.PairedBursts' instead: each
-        burst against the steps just before it. Decided from finished steps only, before
-        the next drafts exist."""
+        (gate.PairedBursts: each exploration burst against the steps just before it) where
+        the predicted gain (budget.plan_draft) is unsure and enough bursts are paired at
+        this load, else the prediction; gate.Explorer spends short bursts on the other
+        choice where neither the prediction nor the measurement is sure. With
+        DSPARK_GATE_VERDICT=arms the verdict is gate.RealisedRates' instead (each arm's
+        running mean). Decided from finished steps only, before the next drafts exist."""
         self._pool.extend(surv)
         if not num_running:
             return

@@ -68,7 +68,7 @@ def test_gate_verdict_choice_is_validated(target, good, monkeypatch):
     spec = {"method": "dspark", "model": good, "num_speculative_tokens": 4,
             "enable_adaptive_verification": True}
     monkeypatch.setenv("DSPARK_GATE_VERDICT", "bursts")
-    _refused(target, spec, "DSPARK_GATE_VERDICT='bursts': use arms / unset")
+    _refused(target, spec, "DSPARK_GATE_VERDICT='bursts': use paired / unset")
 
 
 def test_the_collector_follows_schedulers_that_keep_the_ledger():
