@@ -157,7 +157,8 @@ def write_report(out: Path, results: dict) -> None:
         lines += ["", "## Where the engine's time goes (step ledger, warm-up included)", "",
                   "| config | conc | decode steps: tok per cycle-s | all steps: tok per cycle-s "
                   "| prefill steps' share of engine time | engine time around each model step "
-                  "| engine busy, % of wall |", "|---|---|---|---|---|---|---|"]
+                  "| engine busy, % of wall | prefill steps | model steps at full load: tok/s, "
+                  "% of model time | off full load: tok/s |", "|---|---|---|---|---|---|---|---|---|---|"]
 
         def opt(m, key, fmt, scale=1.0):  # runs before these columns existed lack them
             return format(scale * m[key], fmt) if key in m else "-"
@@ -167,7 +168,11 @@ def write_report(out: Path, results: dict) -> None:
                          f"{opt(m, 'ledger_engine_tok_s', '.1f')} | "
                          f"{100 * m['ledger_prefill_share']:.0f}% | "
                          f"{m['ledger_overhead_ms']:.1f} ms | "
-                         f"{opt(m, 'ledger_busy_share', '.0f', 100)} |")
+                         f"{opt(m, 'ledger_busy_share', '.0f', 100)} | "
+                         f"{opt(m, 'ledger_prefill_steps', '.0f')} | "
+                         f"{opt(m, 'ledger_full_load_tok_s', '.1f')}, "
+                         f"{opt(m, 'ledger_full_load_time_share', '.0f', 100)}% | "
+                         f"{opt(m, 'ledger_part_load_tok_s', '.1f')} |")
     pr = paired_ratios(results)
     if pr:
         lines += ["", "## Throughput vs no-spec, paired by server instance", "",

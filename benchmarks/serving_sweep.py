@@ -23,6 +23,7 @@ from pathlib import Path
 from benchmarks.load import closed_loop, open_loop, summarize
 from benchmarks.report import PHASES
 from dspark_vllm.config import LEDGER_SCHEDULER_CLS
+from dspark_vllm.gate import bucket
 from dspark_vllm.serving import (BUNDLED_DRAFTER, VllmServer, acceptance_length, metric_sum,
                                  metrics_delta, serving)
 
@@ -100,7 +101,7 @@ def prompt_set(n: int) -> list[list[dict]]:
 def measure_once(server, prompts, conc, reqs, warmup, rep, open_rate=None) -> dict:
     """One repeat of one load point (prompts rotated by the repeat index)."""
     url = server.url
-    before, kinds0 = server.metrics(), _kinds(server)
+    before, (kinds0, loads0) = server.metrics(), _ledger(server)
     t0 = time.perf_counter()
     if open_rate:
         res, window = asyncio.run(open_loop(url, prompts[rep:] + prompts[:rep], open_rate * conc,
@@ -109,9 +110,10 @@ def measure_once(server, prompts, conc, reqs, warmup, rep, open_rate=None) -> di
         res, window = asyncio.run(closed_loop(url, prompts[rep:] + prompts[:rep], conc, reqs,
                                               MAX_TOKENS, warmup=warmup))
     wall = time.perf_counter() - t0
-    after, kinds1 = server.metrics(), _kinds(server)
+    after, (kinds1, loads1) = server.metrics(), _ledger(server)
     s = summarize(res, window)
     s.update(ledger_summary(kinds0, kinds1, wall))
+    s.update(load_split(loads0, loads1, conc))
     d = metrics_delta(before, after)
     drafts = metric_sum(d, "vllm:spec_decode_num_drafts_total")
     s["acceptance_length"] = acceptance_length(d) or 1.0
@@ -129,9 +131,10 @@ def measure_once(server, prompts, conc, reqs, warmup, rep, open_rate=None) -> di
     return s
 
 
-def _kinds(server) -> dict:
-    status = server.status() or {}
-    return (status.get("status") or {}).get("steps_by_kind") or {}
+def _ledger(server) -> tuple[dict, dict]:
+    """The server's step ledger now: (steps_by_kind, steps_by_load); empty without one."""
+    status = (server.status() or {}).get("status") or {}
+    return status.get("steps_by_kind") or {}, status.get("steps_by_load") or {}
 
 
 def ledger_summary(before: dict, after: dict, wall: float | None = None) -> dict:
@@ -151,6 +154,8 @@ def ledger_summary(before: dict, after: dict, wall: float | None = None) -> dict
     dec_cycle = sum(r["cycle_seconds"] for r in dec)
     out = {"ledger_prefill_share": sum(r["cycle_seconds"] for k, r in rows.items()
                                        if k.startswith("prefill")) / cycle if cycle else 0.0,
+           "ledger_prefill_steps": sum(r["steps"] for k, r in rows.items()
+                                       if k.startswith("prefill")),
            "ledger_overhead_ms": 1e3 * (cycle - sum(r["seconds"] for r in rows.values())) / steps
            if steps else 0.0}
     if dec_cycle:
@@ -158,6 +163,31 @@ def ledger_summary(before: dict, after: dict, wall: float | None = None) -> dict
     if wall and cycle:
         out["ledger_busy_share"] = cycle / wall
         out["ledger_engine_tok_s"] = sum(r["generated_tokens"] for r in rows.values()) / cycle
+    return out
+
+
+def load_split(before: dict, after: dict, conc: int) -> dict:
+    """The window's model steps parted by load (the ledger's `steps_by_load`): those at the
+    point's full load (the batch bucket of `conc` requests) and the rest (the ramp up from
+    the warm-up, the drain at the end, gaps while a finished request's successor is
+    prefilled). Generated tokens per model-step second of each part, and the share of
+    model-step time spent at full load: a server slower at a load point is slower in its
+    steady steps, or spends more of its time off full load."""
+    full = str(bucket(conc))
+    parts = {True: [0.0, 0.0], False: [0.0, 0.0]}  # at full load? -> [seconds, tokens]
+    for b, kinds in after.items():
+        for k, r in kinds.items():
+            r0 = before.get(b, {}).get(k, {})
+            parts[b == full][0] += r["seconds"] - r0.get("seconds", 0.0)
+            parts[b == full][1] += r["generated_tokens"] - r0.get("generated_tokens", 0)
+    (fs, ft), (rs, rt) = parts[True], parts[False]
+    if fs + rs <= 0:
+        return {}
+    out = {"ledger_full_load_time_share": fs / (fs + rs)}
+    if fs > 0:
+        out["ledger_full_load_tok_s"] = ft / fs
+    if rs > 0:
+        out["ledger_part_load_tok_s"] = rt / rs
     return out
 
 

@@ -81,7 +81,27 @@ def test_ledger_summary_prices_one_window():
     busy = ledger_summary(before, after, wall=2.5)  # 2.0 s of cycles in a 2.5 s window
     assert busy["ledger_busy_share"] == pytest.approx(0.8)
     assert busy["ledger_engine_tok_s"] == pytest.approx(104 / 2.0)
+    assert s["ledger_prefill_steps"] == 2
     assert ledger_summary({}, {}) == {}
+
+
+def test_load_split_parts_full_load_steps_from_the_ramp():
+    from benchmarks.serving_sweep import load_split
+
+    def row(seconds, tokens):
+        return {"steps": 1, "seconds": seconds, "generated_tokens": tokens, "prefill_tokens": 0}
+
+    before = {"16": {"decode_noverify_nodraft": row(1.0, 100)}}
+    after = {"16": {"decode_noverify_nodraft": row(4.0, 400),  # bucket(14..16) = 16
+                    "prefill_noverify_nodraft": row(1.0, 20)},
+             "8": {"decode_noverify_nodraft": row(1.0, 60)},
+             "2": {"decode_verify_draft": row(0.5, 15)}}
+    s = load_split(before, after, 15)  # window: 4 s at full load, 1.5 s below it
+    assert s["ledger_full_load_time_share"] == pytest.approx(4.0 / 5.5)
+    assert s["ledger_full_load_tok_s"] == pytest.approx(320 / 4.0)
+    assert s["ledger_part_load_tok_s"] == pytest.approx(75 / 1.5)
+    assert "ledger_part_load_tok_s" not in load_split({}, {"2": after["2"]}, 2)  # all full
+    assert load_split(after, after, 16) == {}  # an empty window
 
 
 def test_offline_acceptance_quick(tmp_path):
