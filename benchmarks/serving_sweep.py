@@ -137,6 +137,11 @@ def _ledger(server) -> tuple[dict, dict]:
     return status.get("steps_by_kind") or {}, status.get("steps_by_load") or {}
 
 
+def _delta(before: dict, after: dict) -> dict:
+    """Ledger rows {kind: {field: value}} over one window: after minus before."""
+    return {k: {f: v - before.get(k, {}).get(f, 0) for f, v in r.items()} for k, r in after.items()}
+
+
 def ledger_summary(before: dict, after: dict, wall: float | None = None) -> dict:
     """The step ledger over one load window (warm-up included; servers with a ledger only):
     generated tokens per engine-cycle second of pure-decode steps, the share of engine time
@@ -145,7 +150,7 @@ def ledger_summary(before: dict, after: dict, wall: float | None = None) -> dict
     (the rest it sat idle, no request running: between a request's end and the next one's
     arrival) and generated tokens per cycle second over every step: what the clients would
     see from an engine never left idle."""
-    rows = {k: {f: v - before.get(k, {}).get(f, 0) for f, v in r.items()} for k, r in after.items()}
+    rows = _delta(before, after)
     if not rows:
         return {}
     dec = [r for k, r in rows.items() if k.startswith("decode")]
@@ -176,10 +181,9 @@ def load_split(before: dict, after: dict, conc: int) -> dict:
     full = str(bucket(conc))
     parts = {True: [0.0, 0.0], False: [0.0, 0.0]}  # at full load? -> [seconds, tokens]
     for b, kinds in after.items():
-        for k, r in kinds.items():
-            r0 = before.get(b, {}).get(k, {})
-            parts[b == full][0] += r["seconds"] - r0.get("seconds", 0.0)
-            parts[b == full][1] += r["generated_tokens"] - r0.get("generated_tokens", 0)
+        for r in _delta(before.get(b, {}), kinds).values():
+            parts[b == full][0] += r["seconds"]
+            parts[b == full][1] += r["generated_tokens"]
     (fs, ft), (rs, rt) = parts[True], parts[False]
     if fs + rs <= 0:
         return {}
