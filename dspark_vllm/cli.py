@@ -42,6 +42,12 @@ def _train(a: argparse.Namespace) -> None:
     from .train.recipe import VARIANTS
     from .train.trainer import TrainConfig, train
 
+    shape = [k for k in ("num_layers", "markov_rank", "block_size", "draft_vocab_size",
+                         "mask_token_id", "markov_init") if getattr(a, k) is not None]
+    if a.init_from and (shape or a.variant != "dspark-2l"):
+        given = [f"--{k.replace('_', '-')}" for k in shape] or [f"--variant {a.variant}"]
+        raise SystemExit(f"--init-from {a.init_from}: the drafter's shape comes from its "
+                         f"checkpoint; drop {', '.join(given)}")
     if a.variant == "mtp-1":
         from .train.eagle import EagleConfig, train_eagle
 
@@ -50,7 +56,7 @@ def _train(a: argparse.Namespace) -> None:
         return
 
     cfg = TrainConfig(cache=a.cache, out=a.out, target=a.target, epochs=a.epochs,
-                      data_fraction=a.data_fraction, **VARIANTS[a.variant])
+                      data_fraction=a.data_fraction, init_from=a.init_from, **VARIANTS[a.variant])
     for k in ("num_layers", "markov_rank", "block_size", "lr", "batch_size", "anchors",
               "max_steps", "draft_vocab_size", "mask_token_id", "markov_init", "seed"):
         if getattr(a, k) is not None:
@@ -153,6 +159,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--markov-init", default=None, choices=["zero", "bigram"],
                    help="transition head start: the data's bigram PMI, rank-reduced "
                         "(default), or zero (the parallel drafter)")
+    s.add_argument("--init-from", default=None, metavar="DRAFTER_DIR",
+                   help="continue training a drafter (this package's or upstream's "
+                        "Qwen3DSparkModel checkpoint) on this cache; its shape is kept")
     s.set_defaults(fn=_train)
 
     s = sub.add_parser("calibrate", help="Sequential Temperature Scaling of the confidence head")

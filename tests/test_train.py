@@ -350,7 +350,7 @@ def test_the_mask_token_is_an_unused_special_token_of_the_tokenizer(tiny_cache, 
     from tokenizers import Tokenizer, models
 
     from dspark_vllm.train.cache import FeatureCache
-    from dspark_vllm.train.trainer import pick_mask_token, response_counts
+    from dspark_vllm.train.vocab import pick_mask_token, response_counts
 
     vocab = {f"t{i}": i for i in range(96)}
     tok = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel(vocab, unk_token="t0")),
@@ -380,3 +380,50 @@ def test_float8_features_are_half_the_disk_and_close_to_float16(tiny_cache, tmp_
     assert (out / "model.safetensors").is_file()
     with pytest.raises(ValueError, match=r"features float16"):  # resume must match the format
         build_cache(tiny_cache / "data", tmp_path / "c8", str(tiny_cache / "target"), layer_ids=[1, 2, 3])
+
+
+def test_training_continues_from_a_trained_drafter(tiny_cache, tmp_path):
+    from safetensors.torch import load_file
+
+    from dspark_vllm.drafter.checkpoint import read_checkpoint_shapes
+
+    weights = LossWeights(ce=1.0, l1=0.1, confidence=0.1)
+    first = Trainer(_cfg(tiny_cache, tmp_path / "a", max_steps=20, loss=weights)).train()
+    # The checkpoint's shape wins over the config's (rank 8, vocabulary 48, mask 3).
+    t = Trainer(_cfg(tiny_cache, tmp_path / "b", init_from=str(first), markov_rank=4,
+                     draft_vocab_size=20, mask_token_id=5, max_steps=3, loss=weights))
+    assert (t.cfg.markov_rank, t.cfg.draft_vocab_size, t.cfg.mask_token_id) == (8, 48, 3)
+    saved = load_file(str(first / "model.safetensors"))
+    assert torch.equal(t.drafter.d2t, saved["d2t"])
+    assert torch.equal(t.drafter.fc.weight, saved["fc.weight"])  # starts from the weights
+    t.train()
+    loss = [[json.loads(x)["loss"] for x in (tmp_path / d / "train_log.jsonl").read_text().splitlines()]
+            for d in ("a", "b")]
+    # Same seed, so the same first batches: on each, the continued drafter starts below the fresh one.
+    assert all(b < a - 0.1 for a, b in zip(loss[0][:3], loss[1])), loss
+    assert read_checkpoint_shapes(tmp_path / "b" / "drafter") == read_checkpoint_shapes(first)
+    cfg = json.loads((tmp_path / "b" / "drafter" / "config.json").read_text())
+    assert cfg.get("dspark_confidence_temperatures") is None  # old calibration dropped
+
+
+def test_continuing_from_a_missing_or_mismatched_drafter_is_refused_by_name(tiny_cache, tmp_path):
+    from dspark_vllm.drafter.config import DrafterConfigError
+
+    with pytest.raises(ValueError, match=r"init_from='.*nowhere': no drafter there"):
+        Trainer(_cfg(tiny_cache, tmp_path / "x", init_from=str(tmp_path / "nowhere")))
+    first = Trainer(_cfg(tiny_cache, tmp_path / "a", max_steps=1)).train()
+    cfg = json.loads((first / "config.json").read_text())
+    (first / "config.json").write_text(json.dumps({**cfg, "hidden_size": cfg["hidden_size"] * 2}))
+    with pytest.raises(DrafterConfigError, match="hidden_size"):
+        Trainer(_cfg(tiny_cache, tmp_path / "y", init_from=str(first)))
+
+
+@pytest.mark.parametrize("extra, named", [(["--num-layers", "3"], "--num-layers"),
+                                          (["--variant", "parallel-5l"], "--variant parallel-5l")])
+def test_cli_init_from_refuses_shape_flags_by_name(tmp_path, extra, named):
+    from dspark_vllm.cli import main
+
+    argv = ["train", "--cache", str(tmp_path), "--out", str(tmp_path / "o"),
+            "--init-from", str(tmp_path / "d"), *extra]
+    with pytest.raises(SystemExit, match=f"--init-from .*drop {named}"):
+        main(argv)

@@ -15,16 +15,16 @@ import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-import numpy as np
 import torch
 import torch.distributed as dist
 from safetensors.torch import load_file, save_file
 
-from ..drafter.checkpoint import save_drafter
-from ..drafter.config import DSparkDrafterConfig, drafter_config_for_target
+from ..drafter.checkpoint import load_drafter, save_drafter
+from ..drafter.config import drafter_config_for_target
 from ..drafter.model import DSparkDrafter, block_inputs, block_mask
 from .cache import FeatureCache, open_cache
 from .loss import LossWeights, dspark_loss
+from .vocab import build_draft_vocab, pick_mask_token, response_counts
 
 log = logging.getLogger("vllm.dspark.train")
 
@@ -61,6 +61,9 @@ class TrainConfig:
     log_every: int = 20
     save_every: int = 200
     max_steps: int | None = None  # stop early (tests); the schedule still spans all epochs
+    # A trained drafter (upstream Qwen3DSparkModel format) to continue from: its shape,
+    # draft vocabulary and mask token are kept, the fields above that set them are not read.
+    init_from: str | None = None
 
     def validate(self) -> None:
         """Refuse, by name, a setting that would train nothing or crash mid-run (a negative
@@ -88,6 +91,9 @@ class TrainConfig:
                        "for the full vocabulary")
         if self.mask_token_id is not None and self.mask_token_id < 0:
             bad.append(f"mask_token_id={self.mask_token_id}: a token id, or none to pick one")
+        if self.init_from is not None and not Path(self.init_from, "config.json").is_file():
+            bad.append(f"init_from={self.init_from!r}: no drafter there (a directory with "
+                       "config.json and model.safetensors)")
         if self.markov_init not in ("zero", "bigram"):
             bad.append(f"markov_init={self.markov_init!r}: use 'zero' or 'bigram'")
         if bad:
@@ -107,47 +113,6 @@ def train_split(cache, heldout: float) -> list[int]:
 def heldout_split(cache, heldout: float) -> list[int]:
     """Held-out sequences: each cache's (or each part's) last `heldout` share."""
     return [s + i for s, n in cache.spans() for i in range(_split(n, heldout), n)]
-
-
-def response_counts(cache: FeatureCache, seqs: list[int]) -> np.ndarray:
-    """How often each token id occurs in the responses of `seqs` [max id + 1]."""
-    counts = np.zeros(cache.info.num_tokens and int(cache.tokens.max()) + 1, dtype=np.int64)
-    for i in seqs:
-        a, b = cache.info.offsets[i], cache.info.offsets[i + 1]
-        counts += np.bincount(cache.tokens[a + cache.info.prompt_lens[i]:b], minlength=len(counts))
-    return counts
-
-
-def pick_mask_token(target: str, counts: np.ndarray) -> int:
-    """The target tokenizer's highest-id added special token that is not BOS/EOS/PAD and
-    never occurs in the training responses (SmolLM2-135M-Instruct: 16, <empty_output>),
-    so a mask slot's input can never be mistaken for a drafted token."""
-    from transformers import AutoTokenizer
-
-    from ..target import resolve_target
-
-    try:
-        tok = AutoTokenizer.from_pretrained(str(resolve_target(target)))
-    except (OSError, ValueError) as e:
-        raise ValueError(f"target {target}: no tokenizer to pick the mask token from ({e}); "
-                         "give --mask-token-id") from None
-    skip = set(np.flatnonzero(counts).tolist()) | {tok.bos_token_id, tok.eos_token_id, tok.pad_token_id}
-    added = tok.added_tokens_decoder  # id -> AddedToken
-    for special in (True, False):
-        ids = [i for i, t in added.items() if t.special == special and i not in skip]
-        if ids:
-            return max(ids)
-    raise ValueError(f"target {target}: every added token is BOS/EOS/PAD or occurs in the "
-                     "responses; give --mask-token-id (a token the target never generates)")
-
-
-def build_draft_vocab(counts: np.ndarray, size: int,
-                      keep: tuple[int, ...] = ()) -> tuple[torch.Tensor, float]:
-    """The `size` most frequent response tokens (plus `keep`), sorted; and their coverage."""
-    order = [int(t) for t in np.argsort(-counts, kind="stable") if t not in keep]
-    ids = sorted(set(keep) | set(order[:size - len(set(keep))]))
-    coverage = float(counts[ids].sum() / max(counts.sum(), 1))
-    return torch.tensor(ids), coverage
 
 
 def pad_batch(cache: FeatureCache, idxs: list[int], cols: list[int]) -> dict[str, torch.Tensor]:
@@ -230,6 +195,38 @@ class Trainer:
         self.seqs = train_seqs[:int(math.ceil(len(train_seqs) * cfg.data_fraction))]
         emb, head = target.get_input_embeddings().weight, target.get_output_embeddings().weight
         counts = response_counts(self.cache, self.seqs)
+        if cfg.init_from:
+            vocab = self._continue_from(cfg.init_from, target, emb, head)
+        else:
+            vocab = self._new_drafter(counts, target, emb, head)
+        cfg = self.cfg
+        self.cols = self.cache.select(self.drafter.cfg.target_layer_ids)
+        self.t2d = None
+        if vocab is not None:
+            self.t2d = torch.full((self.drafter.cfg.vocab_size,), -1, dtype=torch.long)
+            self.t2d[vocab] = torch.arange(len(vocab))
+        resuming = (self._state_dir() / "state.safetensors").is_file()
+        # Other ranks get the bigram start by the broadcast below; a continued drafter keeps
+        # its trained transition head.
+        if (cfg.markov_init == "bigram" and self.drafter.markov_head is not None
+                and self.rank == 0 and not resuming and not cfg.init_from):
+            self._init_markov_from_bigrams()
+        if self.ddp:  # every rank starts from rank 0's weights
+            for p in self.drafter.parameters():
+                dist.broadcast(p.data, 0)
+        self.lm_head_d = self.drafter.lm_head.detach()
+        params = [p for p in self.drafter.parameters() if p.requires_grad]
+        self.opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay,
+                                     betas=(0.9, 0.95))
+        self.steps_per_epoch = max(len(self.seqs) // cfg.batch_size, 1)
+        self.total_steps = max(int(cfg.epochs * self.steps_per_epoch), 1)
+        self.step = 0
+        self.gen = torch.Generator().manual_seed(cfg.seed)
+        self._maybe_resume()
+
+    def _new_drafter(self, counts, target, emb, head) -> torch.Tensor | None:
+        """A fresh drafter shaped by the config; returns its draft vocabulary (or None)."""
+        cfg = self.cfg
         if cfg.mask_token_id is None:
             cfg = self.cfg = replace(cfg, mask_token_id=pick_mask_token(cfg.target, counts))
             log.info("mask token %d (the tokenizer's unused special token)", cfg.mask_token_id)
@@ -244,29 +241,28 @@ class Trainer:
             markov_rank=cfg.markov_rank, draft_vocab_size=cfg.draft_vocab_size,
             mask_token_id=cfg.mask_token_id, num_target_features=cfg.num_target_features,
             enable_confidence_head=cfg.confidence_head)
-        self.cols = self.cache.select(dcfg.target_layer_ids)
         torch.manual_seed(cfg.seed)
         self.drafter = DSparkDrafter(dcfg, emb, head, d2t=d2t)
-        self.t2d = None
-        if vocab is not None:
-            self.t2d = torch.full((dcfg.vocab_size,), -1, dtype=torch.long)
-            self.t2d[vocab] = torch.arange(len(vocab))
-        resuming = (self._state_dir() / "state.safetensors").is_file()
-        if (cfg.markov_init == "bigram" and self.drafter.markov_head is not None
-                and self.rank == 0 and not resuming):  # other ranks get it by the broadcast
-            self._init_markov_from_bigrams()
-        if self.ddp:  # every rank starts from rank 0's weights
-            for p in self.drafter.parameters():
-                dist.broadcast(p.data, 0)
-        self.lm_head_d = self.drafter.lm_head.detach()
-        params = [p for p in self.drafter.parameters() if p.requires_grad]
-        self.opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay,
-                                     betas=(0.9, 0.95))
-        self.steps_per_epoch = max(len(self.seqs) // cfg.batch_size, 1)
-        self.total_steps = max(int(cfg.epochs * self.steps_per_epoch), 1)
-        self.step = 0
-        self.gen = torch.Generator().manual_seed(cfg.seed)
-        self._maybe_resume()
+        return vocab
+
+    def _continue_from(self, path, target, emb, head) -> torch.Tensor | None:
+        """A trained drafter, checked against the target (hidden size, vocabulary, layer
+        ids) as the server checks it; its calibration is dropped (it no longer applies to
+        the weights this run will write; run `dspark calibrate` after)."""
+        torch.manual_seed(self.cfg.seed)
+        self.drafter = load_drafter(path, emb, head,
+                                    target_num_layers=target.config.num_hidden_layers)
+        dcfg = self.drafter.cfg
+        dcfg.dspark_confidence_temperatures = None
+        self.cfg = replace(self.cfg, num_layers=dcfg.num_hidden_layers, block_size=dcfg.block_size,
+                           markov_rank=dcfg.markov_rank, mask_token_id=dcfg.mask_token_id,
+                           draft_vocab_size=dcfg.draft_vocab_size if dcfg.uses_reduced_vocab else None,
+                           confidence_head=dcfg.enable_confidence_head)
+        log.info("continuing from %s (%d layers, rank %d, draft vocabulary %s)", path,
+                 dcfg.num_hidden_layers, dcfg.markov_rank, self.cfg.draft_vocab_size)
+        if self.drafter.d2t is None:
+            return None
+        return torch.arange(len(self.drafter.d2t)) + self.drafter.d2t
 
     def _init_markov_from_bigrams(self) -> None:
         from .markov_init import pmi_factors, response_bigrams
