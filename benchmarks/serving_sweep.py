@@ -44,10 +44,14 @@ CONFIG_ENV = {"dspark-adaptive-stepwise-context": {"DSPARK_DEFER_CONTEXT": "0"},
 # copies of one server differ by up to ~1.2x at 16 requests (a server instance keeps a speed
 # of its own), so its ratio to no-spec is the noise floor any A/B ratio must clear.
 AA_CONTROL = "no-spec-aa"
+# Drafter A/B, only with --drafter-b: the load-aware budget served on a second drafter (a
+# retrained or continued one, say), so both drafters meet the same machine drift.
+DRAFTER_B = "dspark-adaptive-b"
 NAMED_ONLY = (*CONFIG_ENV, AA_CONTROL)
 
 
-def configs(dspark: str, mtp1: str, fixed: tuple[int, ...]) -> dict[str, dict | None]:
+def configs(dspark: str, mtp1: str, fixed: tuple[int, ...],
+            drafter_b: str | None = None) -> dict[str, dict | None]:
     c: dict[str, dict | None] = {"no-spec": None}
     if Path(mtp1, "config.json").is_file():
         c["mtp-1"] = {"method": "eagle", "model": mtp1, "num_speculative_tokens": 1}
@@ -60,6 +64,8 @@ def configs(dspark: str, mtp1: str, fixed: tuple[int, ...]) -> dict[str, dict | 
     c["vllm-batch-schedule"] = {"method": "dspark", "model": dspark, "num_speculative_tokens": 7,
                                 "num_speculative_tokens_per_batch_size": BATCH_SCHEDULE}
     c[AA_CONTROL] = None
+    if drafter_b:  # a drafter A/B: the budget on a second drafter, beside the first
+        c[DRAFTER_B] = {**c["dspark-adaptive"], "model": drafter_b}
     return c
 
 
@@ -247,7 +253,7 @@ def run_sweep(args) -> dict:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     prompts = prompt_set(args.prompts)
-    cfgs = configs(args.drafter, args.mtp1, tuple(args.fixed))
+    cfgs = configs(args.drafter, args.mtp1, tuple(args.fixed), args.drafter_b)
     if args.only:
         cfgs = {k: v for k, v in cfgs.items() if k in args.only}
     else:  # the A/B variants only when named
@@ -303,6 +309,9 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default="benchmarks/results/serving")
     p.add_argument("--drafter", default=str(BUNDLED_DRAFTER))
+    p.add_argument("--drafter-b", default=None, metavar="DIR",
+                   help=f"a second DSpark drafter, served as {DRAFTER_B} (the load-aware "
+                        "budget) beside --drafter's configurations")
     p.add_argument("--mtp1", default=DEFAULT_MTP1)
     p.add_argument("--fixed", type=int, nargs="+", default=[2, 3, 5, 7])
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 2, 4, 8, 16])
@@ -337,11 +346,14 @@ def main(argv=None):
         server_groups([], args.interleave, args.instances)
     except ValueError as e:
         p.error(str(e))
-    known = configs(args.drafter, args.mtp1, tuple(args.fixed))
+    if args.drafter_b and not Path(args.drafter_b, "config.json").is_file():
+        p.error(f"--drafter-b {args.drafter_b}: no drafter there (no config.json)")
+    known = configs(args.drafter, args.mtp1, tuple(args.fixed), args.drafter_b)
     unknown = [n for n in args.only or [] if n not in known]
     if unknown:
         p.error(f"--only {' '.join(unknown)}: not a configuration here; use any of "
-                f"{', '.join(known)} (mtp-1 needs a head at --mtp1 {args.mtp1})")
+                f"{', '.join(known)} (mtp-1 needs a head at --mtp1 {args.mtp1}, "
+                f"{DRAFTER_B} a drafter at --drafter-b)")
     if args.quick:
         global MAX_TOKENS
         MAX_TOKENS = 16

@@ -62,6 +62,21 @@ def test_a_bad_instance_count_is_refused_by_name(capsys, tmp_path):
     assert "--instances 0: use 1 or more" in capsys.readouterr().err
 
 
+def test_a_second_drafter_is_served_as_its_own_configuration(capsys, tmp_path):
+    from benchmarks.serving_sweep import DRAFTER_B, configs, main
+
+    cfgs = configs("A", "no-head-here", (3,), drafter_b="B")
+    assert cfgs[DRAFTER_B] == {**cfgs["dspark-adaptive"], "model": "B"}
+    assert cfgs["dspark-adaptive"]["model"] == "A" and DRAFTER_B not in configs("A", "x", (3,))
+    with pytest.raises(SystemExit):  # named without a second drafter: refused before any server
+        main(["--only", DRAFTER_B, "--out", str(tmp_path / "never-written")])
+    assert f"--only {DRAFTER_B}: not a configuration here" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["--drafter-b", str(tmp_path / "nowhere"), "--out", str(tmp_path / "never-written")])
+    assert "nowhere: no drafter there" in capsys.readouterr().err
+    assert not (tmp_path / "never-written").exists()
+
+
 def test_ledger_summary_prices_one_window():
     from benchmarks.serving_sweep import ledger_summary
 
