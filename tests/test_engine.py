@@ -327,7 +327,10 @@ def test_budget_keeps_the_temperature_one_distribution_under_varying_load(adapti
         t.join(timeout=300)
     d = metrics_delta(before, adaptive.metrics())
     admitted = metric_sum(d, "dspark_draft_tokens_admitted_total")
-    assert admitted >= 300, d  # verification ran (sampled and background requests share batches)
+    # Verification ran (sampled and background requests share batches). How many drafts the
+    # budget admits follows the step-cost model profiled on the machine running the test:
+    # one CI run admitted 285 (a bound of 300 failed there); at n = 100 it admitted 4.
+    assert admitted >= 100, d
     assert metric_sum(d, "dspark_draft_tokens_dropped_total") > 0, d  # and trimmed
     _same_distribution(plain_samples, got, alpha=1e-3)
 
