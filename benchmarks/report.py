@@ -31,11 +31,19 @@ def per_user_at(points: dict, throughput: float) -> float | None:
 
 
 def throughput_at(points: dict, per_user: float) -> float | None:
+    """The most aggregate throughput a configuration reaches while its per-user speed is
+    still >= `per_user`: the frontier walked in throughput order, linear between measured
+    points (so a frontier that rises before it falls is read right). None where it never
+    ran that fast; below its slowest point, its highest measured throughput (a lower bound)."""
     t, u = _frontier(points)
-    order = np.argsort(u)
-    if not len(u) or per_user < u.min() or per_user > u.max():
+    if not len(t) or per_user > u.max():
         return None
-    return float(np.interp(per_user, u[order], t[order]))
+    best = max(float(x) for x, y in zip(t, u) if y >= per_user)
+    for i in range(len(t) - 1):  # segments that cross the target
+        if (u[i] - per_user) * (u[i + 1] - per_user) < 0:
+            frac = (u[i] - per_user) / (u[i] - u[i + 1])
+            best = max(best, float(t[i] + frac * (t[i + 1] - t[i])))
+    return best
 
 
 def matched(results: dict, baseline: str = BASELINE) -> dict:
@@ -53,6 +61,49 @@ def matched(results: dict, baseline: str = BASELINE) -> dict:
                          "ratio": (u / bu) if (u and bu) else None})
         out[name] = rows
     return out
+
+
+def at_speed(results: dict, baseline: str = BASELINE) -> dict:
+    """matched()'s dual, the issue's "throughput at a per-user speed target": the targets
+    are the per-user speeds the baseline reached at each of its loads; for each, the
+    aggregate throughput a configuration reaches while still serving every user that fast
+    (interpolated on its measured frontier; None where it never ran that fast or that
+    slowly), and its ratio to the baseline's own throughput at that speed."""
+    if baseline not in results:
+        return {}
+    base = results[baseline]["points"]
+    out = {}
+    for name, r in results.items():
+        rows = []
+        for c, p in base.items():
+            target, bt = p["median"].get("per_user_tok_s"), p["median"]["throughput_tok_s"]
+            t = throughput_at(r["points"], target) if target else None
+            _, u = _frontier(r["points"])
+            rows.append({"baseline_concurrency": int(c), "per_user": target,
+                         "baseline_throughput": bt, "throughput": t,
+                         "at_least": bool(t and target < u.min()),  # never ran that slowly
+                         "ratio": (t / bt) if (t and bt) else None})
+        out[name] = rows
+    return out
+
+
+def speed_table(results: dict, baseline: str = BASELINE) -> list[str]:
+    """Markdown lines of at_speed(); empty without the baseline."""
+    mt = at_speed(results, baseline)
+    if not mt:
+        return []
+    lines = [f"## Throughput at a per-user speed target ({baseline}'s per-user speed at each "
+             "of its loads)", "",
+             "| config | " + " | ".join(f"@{r['per_user']:.1f} tok/s per user (c={r['baseline_concurrency']})"
+                                       for r in mt[baseline] if r["per_user"]) + " |",
+             "|---|" + "---|" * sum(1 for r in mt[baseline] if r["per_user"])]
+    for name, rows in mt.items():
+        lines.append(f"| {name} | " + " | ".join(
+            (f"{'>=' if r['at_least'] else ''}{r['throughput']:.0f} "
+             f"({'>=' if r['at_least'] else ''}{r['ratio']:.2f}x)" if r["ratio"] else "-")
+            for r in rows if r["per_user"]) + " |")
+    return lines + ["", ">=: the configuration never ran that slowly; its highest measured "
+                    "throughput is a lower bound. -: it never served users that fast."]
 
 
 def paired_ratios(results: dict, base: str = "no-spec") -> dict:
@@ -220,6 +271,9 @@ def write_report(out: Path, results: dict) -> None:
         for name, rows in mt.items():
             lines.append(f"| {name} | " + " | ".join(
                 f"{r['ratio']:.2f}x" if r["ratio"] else "-" for r in rows) + " |")
+    speed = speed_table(results)
+    if speed:
+        lines += [""] + speed
     (out / "sweep.md").write_text("\n".join(lines) + "\n")
     _plots(out, results)
 
@@ -258,3 +312,34 @@ def _plots(out: Path, results: dict) -> None:
     fig.tight_layout()
     fig.savefig(out / "verified.png", dpi=120)
     plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Print the matched-throughput and speed-target tables of a finished sweep
+    (`python -m benchmarks.report DIR [--baseline NAME]`), leaving its sweep.md as written."""
+    import argparse
+    import json
+
+    p = argparse.ArgumentParser(prog="python -m benchmarks.report")
+    p.add_argument("sweep_dir", type=Path)
+    p.add_argument("--baseline", default=BASELINE)
+    args = p.parse_args(argv)
+    path = args.sweep_dir / "sweep.json"
+    if not path.is_file():
+        p.error(f"{path}: no sweep.json there (a --out directory of benchmarks.serving_sweep)")
+    results = json.loads(path.read_text())["results"]
+    if args.baseline not in results:
+        p.error(f"--baseline {args.baseline}: not in this sweep; it has {', '.join(results)}")
+    mt = matched(results, args.baseline)
+    print(f"## Per-user speed at matched throughput (vs {args.baseline})\n")
+    print("| config | " + " | ".join(f"@{r['throughput']:.0f} tok/s (c={r['baseline_concurrency']})"
+                                    for r in mt[args.baseline]) + " |")
+    print("|---|" + "---|" * len(mt[args.baseline]))
+    for name, rows in mt.items():
+        print(f"| {name} | " + " | ".join(f"{r['ratio']:.2f}x" if r["ratio"] else "-"
+                                          for r in rows) + " |")
+    print("\n" + "\n".join(speed_table(results, args.baseline)))
+
+
+if __name__ == "__main__":
+    main()

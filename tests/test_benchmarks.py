@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from benchmarks.report import matched, per_user_at, throughput_at
+from benchmarks.report import at_speed, matched, per_user_at, speed_table, throughput_at
 
 
 def _points(pairs):
@@ -21,6 +21,40 @@ def test_matched_throughput_interpolates_the_frontier():
     m = matched({"mtp-1": {"points": base}, "dspark": {"points": fast}})
     ratios = [r["ratio"] for r in m["dspark"]]
     assert ratios[0] is None and ratios[1] == pytest.approx((16 - 2 * 2 / 12) / 9)
+
+
+def test_throughput_at_a_speed_target_walks_the_frontier_in_throughput_order():
+    # per-user speed rises from 1 to 2 requests, then falls: the most throughput still at
+    # >= 41 tok/s per user lies on the 2 -> 4 segment, not between 1 and 4 requests
+    budget = _points([(43.0, 45.2), (74.2, 45.3), (95.2, 32.2)])
+    assert throughput_at(budget, 41.2) == pytest.approx(74.2 + 4.1 / 13.1 * 21.0)
+    assert throughput_at(budget, 50.0) is None  # never served a user that fast
+    assert throughput_at(budget, 20.0) == pytest.approx(95.2)  # never that slow: a lower bound
+    base = _points([(40.0, 41.2), (68.0, 38.2), (85.0, 28.3)])
+    rows = at_speed({"mtp-1": {"points": base}, "dspark": {"points": budget}})["dspark"]
+    assert [r["baseline_concurrency"] for r in rows] == [1, 2, 4]
+    assert rows[0]["ratio"] == pytest.approx(throughput_at(budget, 41.2) / 40.0)
+    assert rows[2]["ratio"] == pytest.approx(throughput_at(budget, 28.3) / 85.0)
+    assert rows[0]["at_least"] is False
+    assert rows[2]["at_least"] is True and rows[2]["throughput"] == pytest.approx(95.2)
+    own = at_speed({"mtp-1": {"points": base}})["mtp-1"]
+    assert [r["ratio"] for r in own] == pytest.approx([1.0, 1.0, 1.0])
+    table = "\n".join(speed_table({"mtp-1": {"points": base}, "dspark": {"points": budget}}))
+    assert "| dspark | 81 (2.02x) |" in table
+    assert speed_table({"dspark": {"points": budget}}) == []  # no baseline, no table
+
+
+def test_the_report_reader_names_a_missing_sweep_and_baseline(tmp_path, capsys):
+    from benchmarks.report import main
+
+    with pytest.raises(SystemExit):
+        main([str(tmp_path)])
+    assert f"{tmp_path / 'sweep.json'}: no sweep.json there" in capsys.readouterr().err
+    (tmp_path / "sweep.json").write_text(json.dumps(
+        {"results": {"no-spec": {"points": _points([(10, 10)])}}}))
+    with pytest.raises(SystemExit):
+        main([str(tmp_path)])
+    assert "--baseline mtp-1: not in this sweep; it has no-spec" in capsys.readouterr().err
 
 
 def test_every_load_window_reads_the_whole_prompt_mix():
