@@ -46,45 +46,53 @@ def throughput_at(points: dict, per_user: float) -> float | None:
     return best
 
 
-def matched(results: dict, baseline: str = BASELINE) -> dict:
+def _per_baseline_load(results: dict, baseline: str, row) -> dict:
+    """{config: [row(config's points, the baseline's median at one load, that load), one per
+    baseline load]}; {} when the sweep has no baseline."""
     if baseline not in results:
         return {}
     base = results[baseline]["points"]
-    out = {}
-    for name, r in results.items():
-        rows = []
-        for c, p in base.items():
-            thr, bu = p["median"]["throughput_tok_s"], p["median"].get("per_user_tok_s")
-            u = per_user_at(r["points"], thr)
-            rows.append({"baseline_concurrency": int(c), "throughput": thr,
-                         "baseline_per_user": bu, "per_user": u,
-                         "ratio": (u / bu) if (u and bu) else None})
-        out[name] = rows
-    return out
+    return {name: [row(r["points"], p["median"], int(c)) for c, p in base.items()]
+            for name, r in results.items()}
+
+
+def matched(results: dict, baseline: str = BASELINE) -> dict:
+    """Per-user speed of each configuration at the throughput the baseline reached at each
+    of its loads, and its ratio to the baseline's per-user speed there (the paper's view)."""
+    def row(points, m, c):
+        thr, bu = m["throughput_tok_s"], m.get("per_user_tok_s")
+        u = per_user_at(points, thr)
+        return {"baseline_concurrency": c, "throughput": thr, "baseline_per_user": bu,
+                "per_user": u, "ratio": (u / bu) if (u and bu) else None}
+    return _per_baseline_load(results, baseline, row)
 
 
 def at_speed(results: dict, baseline: str = BASELINE) -> dict:
     """matched()'s dual, the issue's "throughput at a per-user speed target": the targets
-    are the per-user speeds the baseline reached at each of its loads; for each, the
+    are the per-user speeds the baseline reached at each of its loads; for each, the most
     aggregate throughput a configuration reaches while still serving every user that fast
-    (interpolated on its measured frontier; None where it never ran that fast or that
-    slowly), and its ratio to the baseline's own throughput at that speed."""
-    if baseline not in results:
-        return {}
-    base = results[baseline]["points"]
-    out = {}
-    for name, r in results.items():
-        rows = []
-        for c, p in base.items():
-            target, bt = p["median"].get("per_user_tok_s"), p["median"]["throughput_tok_s"]
-            t = throughput_at(r["points"], target) if target else None
-            _, u = _frontier(r["points"])
-            rows.append({"baseline_concurrency": int(c), "per_user": target,
-                         "baseline_throughput": bt, "throughput": t,
-                         "at_least": bool(t and target < u.min()),  # never ran that slowly
-                         "ratio": (t / bt) if (t and bt) else None})
-        out[name] = rows
-    return out
+    (throughput_at: None where it never ran that fast, a lower bound, `at_least`, where it
+    never ran that slowly), and its ratio to the baseline's own throughput at that speed."""
+    def row(points, m, c):
+        target, bt = m.get("per_user_tok_s"), m["throughput_tok_s"]
+        t = throughput_at(points, target) if target else None
+        return {"baseline_concurrency": c, "per_user": target, "baseline_throughput": bt,
+                "throughput": t, "at_least": bool(t and target < _frontier(points)[1].min()),
+                "ratio": (t / bt) if (t and bt) else None}
+    return _per_baseline_load(results, baseline, row)
+
+
+def matched_table(results: dict, baseline: str = BASELINE) -> list[str]:
+    """Markdown lines of matched(); empty without the baseline."""
+    mt = matched(results, baseline)
+    if not mt:
+        return []
+    return [f"## Per-user speed at matched throughput (vs {baseline})", "",
+            "| config | " + " | ".join(f"@{r['throughput']:.0f} tok/s (c={r['baseline_concurrency']})"
+                                      for r in mt[baseline]) + " |",
+            "|---|" + "---|" * len(mt[baseline])] + [
+        f"| {name} | " + " | ".join(f"{r['ratio']:.2f}x" if r["ratio"] else "-" for r in rows) + " |"
+        for name, rows in mt.items()]
 
 
 def speed_table(results: dict, baseline: str = BASELINE) -> list[str]:
@@ -262,18 +270,9 @@ def write_report(out: Path, results: dict) -> None:
                     lines.append(f"| {name} | {i + 1} | {gate.get('verdict_by', 'arms')} | " +
                                  " | ".join(f"{d.get(k, {}).get('drafted', 0)} / "
                                             f"{d.get(k, {}).get('undrafted', 0)}" for k in src) + " |")
-    mt = matched(results)
-    if mt:
-        lines += ["", f"## Per-user speed at matched throughput (vs {BASELINE})", "",
-                  "| config | " + " | ".join(f"@{r['throughput']:.0f} tok/s (c={r['baseline_concurrency']})"
-                                            for r in mt[BASELINE]) + " |",
-                  "|---|" + "---|" * len(mt[BASELINE])]
-        for name, rows in mt.items():
-            lines.append(f"| {name} | " + " | ".join(
-                f"{r['ratio']:.2f}x" if r["ratio"] else "-" for r in rows) + " |")
-    speed = speed_table(results)
-    if speed:
-        lines += [""] + speed
+    for table in (matched_table(results), speed_table(results)):
+        if table:
+            lines += [""] + table
     (out / "sweep.md").write_text("\n".join(lines) + "\n")
     _plots(out, results)
 
@@ -330,15 +329,8 @@ def main(argv: list[str] | None = None) -> None:
     results = json.loads(path.read_text())["results"]
     if args.baseline not in results:
         p.error(f"--baseline {args.baseline}: not in this sweep; it has {', '.join(results)}")
-    mt = matched(results, args.baseline)
-    print(f"## Per-user speed at matched throughput (vs {args.baseline})\n")
-    print("| config | " + " | ".join(f"@{r['throughput']:.0f} tok/s (c={r['baseline_concurrency']})"
-                                    for r in mt[args.baseline]) + " |")
-    print("|---|" + "---|" * len(mt[args.baseline]))
-    for name, rows in mt.items():
-        print(f"| {name} | " + " | ".join(f"{r['ratio']:.2f}x" if r["ratio"] else "-"
-                                          for r in rows) + " |")
-    print("\n" + "\n".join(speed_table(results, args.baseline)))
+    print("\n".join(matched_table(results, args.baseline)) + "\n")
+    print("\n".join(speed_table(results, args.baseline)))
 
 
 if __name__ == "__main__":
