@@ -100,16 +100,19 @@ def speed_table(results: dict, baseline: str = BASELINE) -> list[str]:
     mt = at_speed(results, baseline)
     if not mt:
         return []
+    cols = [i for i, r in enumerate(mt[baseline]) if r["per_user"]]  # loads with a speed
+
+    def cell(r):
+        ge = ">=" if r["at_least"] else ""
+        return f"{ge}{r['throughput']:.0f} ({ge}{r['ratio']:.2f}x)" if r["ratio"] else "-"
     lines = [f"## Throughput at a per-user speed target ({baseline}'s per-user speed at each "
              "of its loads)", "",
-             "| config | " + " | ".join(f"@{r['per_user']:.1f} tok/s per user (c={r['baseline_concurrency']})"
-                                       for r in mt[baseline] if r["per_user"]) + " |",
-             "|---|" + "---|" * sum(1 for r in mt[baseline] if r["per_user"])]
-    for name, rows in mt.items():
-        lines.append(f"| {name} | " + " | ".join(
-            (f"{'>=' if r['at_least'] else ''}{r['throughput']:.0f} "
-             f"({'>=' if r['at_least'] else ''}{r['ratio']:.2f}x)" if r["ratio"] else "-")
-            for r in rows if r["per_user"]) + " |")
+             "| config | " + " | ".join(f"@{mt[baseline][i]['per_user']:.1f} tok/s per user "
+                                       f"(c={mt[baseline][i]['baseline_concurrency']})"
+                                       for i in cols) + " |",
+             "|---|" + "---|" * len(cols)]
+    lines += [f"| {name} | " + " | ".join(cell(rows[i]) for i in cols) + " |"
+              for name, rows in mt.items()]
     return lines + ["", ">=: the configuration never ran that slowly; its highest measured "
                     "throughput is a lower bound. -: it never served users that fast."]
 
@@ -326,7 +329,11 @@ def main(argv: list[str] | None = None) -> None:
     path = args.sweep_dir / "sweep.json"
     if not path.is_file():
         p.error(f"{path}: no sweep.json there (a --out directory of benchmarks.serving_sweep)")
-    results = json.loads(path.read_text())["results"]
+    try:
+        results = json.loads(path.read_text())["results"]
+    except (json.JSONDecodeError, KeyError, TypeError) as e:
+        p.error(f"{path}: not a serving sweep's result ({type(e).__name__}: {e}); expected "
+                "the JSON object with a 'results' key that benchmarks.serving_sweep writes")
     if args.baseline not in results:
         p.error(f"--baseline {args.baseline}: not in this sweep; it has {', '.join(results)}")
     print("\n".join(matched_table(results, args.baseline)) + "\n")

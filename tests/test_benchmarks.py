@@ -44,12 +44,16 @@ def test_throughput_at_a_speed_target_walks_the_frontier_in_throughput_order():
     assert speed_table({"dspark": {"points": budget}}) == []  # no baseline, no table
 
 
-def test_the_report_reader_names_a_missing_sweep_and_baseline(tmp_path, capsys):
+def test_the_report_reader_names_a_missing_or_corrupt_sweep_and_baseline(tmp_path, capsys):
     from benchmarks.report import main
 
     with pytest.raises(SystemExit):
         main([str(tmp_path)])
     assert f"{tmp_path / 'sweep.json'}: no sweep.json there" in capsys.readouterr().err
+    (tmp_path / "sweep.json").write_text('{"results": ')  # cut off mid-write
+    with pytest.raises(SystemExit):
+        main([str(tmp_path)])
+    assert "not a serving sweep's result (JSONDecodeError" in capsys.readouterr().err
     (tmp_path / "sweep.json").write_text(json.dumps(
         {"results": {"no-spec": {"points": _points([(10, 10)])}}}))
     with pytest.raises(SystemExit):
