@@ -7,9 +7,9 @@ forward and the draft pass (rejection sampling, bookkeeping). So the gate also k
 arms per batch size: generated tokens / wall seconds of pure-decode steps that drafted and
 verified, and of steps that did neither. Where the prediction is unsure (gain under
 EXPLORE_MARGIN) and the arms are sure, their comparison is the verdict; elsewhere the
-prediction decides. Sure means: drafting loses or ties (point estimates), or it wins by
-more than the arms' noise (Z_SURE standard errors). A step's rate at one load varies 11-20%
-here (tokens accepted, prefill neighbours, the machine), so point estimates of a few
+prediction decides. Sure means: drafting loses or ties and the arms' noise could not hide
+a gain of EXPLORE_MARGIN (Z_SURE standard errors), or it wins by more than that noise.
+A step's rate at one load varies 11-20% here (tokens accepted, prefill neighbours, the machine), so point estimates of a few
 samples read a true tie as a 3-30% win: at 13-16 requests (a served step log, prefix cache
 on) the arms read 1.03-1.38x and kept drafting on for runs of 56-160 steps, while the same
 run's clean steps were level (173.8 vs 173.7 tok/s) and each drafting run also paid its
@@ -60,13 +60,31 @@ PAIRS_KEPT = 16  # recent paired bursts per load: ~16 x 4 burst steps, still fol
 MIN_PAIRS = 3  # paired bursts before their mean is trusted
 
 
-def judge(excess: float, noise: float, z: float = Z_SURE) -> bool | None:
+# Student's t at 97.5% by degrees of freedom (1-15: PAIRS_KEPT pairs at most); 1.96 beyond.
+# A few pairs' spread is itself a guess: 3 pairs that happen to agree are not 16.
+_T975 = (12.71, 4.30, 3.18, 2.78, 2.57, 2.45, 2.36, 2.31, 2.26, 2.23, 2.20, 2.18, 2.16, 2.14, 2.13)
+
+
+def t_widen(dof: int) -> float:
+    """How much wider a standard error read off dof + 1 samples must be taken than a known
+    one, at the same confidence (Student's t against the normal)."""
+    return _T975[dof - 1] / 1.96 if 1 <= dof <= len(_T975) else 1.0
+
+
+def judge(excess: float, noise: float, z: float = Z_SURE,
+          headroom: float = math.inf) -> bool | None:
     """The measured verdict's rule, shared by both readings. `excess`: drafting's measured
-    advantage beyond the tie margin; `noise`: its standard error. A loss or tie (excess <= 0)
-    is sure: do not draft. A win is sure only beyond z standard errors: draft. Between: None,
-    unsure (the caller falls back on its prediction)."""
+    advantage beyond the tie margin; `noise`: its standard error; `headroom`: how far above
+    the tie line the gains lie that the verdict is asked about (the caller consults it only
+    where the predicted gain is under EXPLORE_MARGIN), in the same units.
+    A loss or tie (excess <= 0) is sure, do not draft, when the reading also rules out such a
+    gain by z standard errors: a tie goes to the cheaper path, but a noisy reading of a loss
+    can hide a real win. At one request a burst's steps read that request's acceptance, so
+    3-4 pairs carry ~25% noise and read a true 1.55x as a loss often enough to switch
+    drafting off for most of a run (README, 2026-12-04). A win is sure only beyond z standard
+    errors: draft. Between: None, unsure (the caller falls back on its prediction)."""
     if excess <= 0:
-        return False
+        return False if excess + z * noise < headroom else None
     return True if excess > z * noise else None
 
 
@@ -85,8 +103,10 @@ class RealisedRates:
     (batch bucket, drafted) arm."""
 
     def __init__(self, weight: float = ARM_WEIGHT, min_samples: int = MIN_SAMPLES,
-                 tie_margin: float = TIE_MARGIN, z: float = Z_SURE) -> None:
+                 tie_margin: float = TIE_MARGIN, z: float = Z_SURE,
+                 margin: float = EXPLORE_MARGIN) -> None:
         self.weight, self.min_samples, self.tie_margin, self.z = weight, min_samples, tie_margin, z
+        self.margin = margin  # the largest gain the verdict is asked about (judge's headroom)
         self.arms: dict[tuple[int, bool], list[float]] = {}  # -> [samples, mean, variance]
 
     def observe(self, batch: int, drafted: bool, tokens: int, seconds: float) -> None:
@@ -123,7 +143,8 @@ class RealisedRates:
             return None
         noise = math.hypot(self._stderr(batch, True),
                            (1.0 + self.tie_margin) * self._stderr(batch, False))
-        return judge(on - off * (1.0 + self.tie_margin), noise, self.z)
+        return judge(on - off * (1.0 + self.tie_margin), noise, self.z,
+                     off * (self.margin - 1.0 - self.tie_margin))
 
     def gain(self, batch: int) -> float | None:
         """Measured tokens per second drafting over not drafting at this load; None until
@@ -195,15 +216,17 @@ class PairedBursts:
     an unbiased sample; the gate's own switches are left out (they follow a verdict, so the
     steps before them are selected). The verdict reads the mean of the recent pairs and
     its standard error, with RealisedRates' rule (judge): a loss or tie (mean under the tie margin)
-    is sure; a win must clear Z_SURE standard errors beyond it.
+    is sure if it also rules out EXPLORE_MARGIN's gain by Z_SURE standard errors; a win must
+    clear Z_SURE standard errors beyond the tie margin.
     """
 
     def __init__(self, neighbours: int = PAIR_NEIGHBOURS, fresh: int = PAIR_FRESH,
                  kept: int = PAIRS_KEPT, min_pairs: int = MIN_PAIRS,
                  tie_margin: float = TIE_MARGIN, z: float = Z_SURE,
-                 sd_floor: float = RATE_CV_FLOOR) -> None:
+                 sd_floor: float = RATE_CV_FLOOR, margin: float = EXPLORE_MARGIN) -> None:
         self.neighbours, self.fresh, self.kept, self.min_pairs = neighbours, fresh, kept, min_pairs
         self.tie, self.z, self.sd_floor = math.log1p(tie_margin), z, sd_floor
+        self.headroom = math.log(margin) - self.tie  # judge's, in log gain
         self.step = 0
         self.recent: dict[int, list[tuple[int, bool, float]]] = {}  # bucket -> (step, drafted, log rate)
         self.pairs: dict[int, list[float]] = {}  # bucket -> log(drafted / undrafted), per burst
@@ -239,21 +262,22 @@ class PairedBursts:
             del recent[:-2 * self.neighbours]
 
     def summary(self, batch: int) -> tuple[int, float, float] | None:
-        """(pairs, mean log gain, its standard error) at this load; None before MIN_PAIRS."""
+        """(pairs, mean log gain, its standard error, widened for few pairs by t_widen) at
+        this load; None before MIN_PAIRS."""
         d = self.pairs.get(bucket(batch), ())
         n = len(d)
         if n < self.min_pairs:
             return None
         mean = sum(d) / n
         sd = math.sqrt(sum((x - mean) ** 2 for x in d) / (n - 1))
-        return n, mean, max(sd, self.sd_floor) / math.sqrt(n)
+        return n, mean, max(sd, self.sd_floor) / math.sqrt(n) * t_widen(n - 1)
 
     def verdict(self, batch: int) -> bool | None:
         """Does drafting produce more tokens per second at this load, burst by burst?
         False: the mean gain is under the tie margin; True: over it by Z_SURE standard
         errors; None: too few pairs, or a win their spread could explain."""
         s = self.summary(batch)
-        return None if s is None else judge(s[1] - self.tie, s[2], self.z)
+        return None if s is None else judge(s[1] - self.tie, s[2], self.z, self.headroom)
 
     def gain(self, batch: int) -> float | None:
         s = self.summary(batch)
@@ -266,7 +290,7 @@ class PairedBursts:
             if s is not None:
                 out[str(b)] = {"pairs": s[0], "gain": round(math.exp(s[1]), 4),
                                "log_gain_stderr": round(s[2], 4),
-                               "verdict": judge(s[1] - self.tie, s[2], self.z)}
+                               "verdict": judge(s[1] - self.tie, s[2], self.z, self.headroom)}
         return out
 
 

@@ -62,9 +62,34 @@ def test_paired_verdict_follows_the_tie_rule():
         return p.verdict(8)
 
     assert verdict([1.02, 1.01, 1.03]) is False  # inside the tie margin
-    assert verdict([0.9, 1.2, 0.95]) is False  # a mean loss, however noisy
+    assert verdict([0.9, 1.0, 0.95, 0.92]) is False  # a loss precise enough to rule out 1.3x
+    assert verdict([0.9, 1.2, 0.95]) is None  # three scattered pairs cannot (t, 2 dof)
+    assert verdict([0.7, 1.5, 0.85]) is None  # a mean loss whose spread could hide 1.3x
     assert verdict([1.5, 0.9, 1.3]) is None  # a mean win the spread could explain
     assert verdict([1.2, 1.25, 1.22, 1.18]) is True
+
+
+def test_noisy_pairs_of_a_real_win_rarely_switch_drafting_off():
+    """One request: a burst's steps read that request's acceptance, so pairs scatter by
+    ~48% (log sd). Served on 2026-12-04 the pairs at one request read 1.18x +- 24% (4 pairs)
+    while the step ledger's clean steps read drafting at 1.55x; the old rule (any mean under
+    the tie margin is a sure loss) said 'do not draft' for 28% of such 3-6-pair windows, and
+    the gate kept drafting off on two thirds of a run's steps. The verdict may stay unsure
+    there; it must seldom say 'do not draft'. A precise tie is still sure."""
+    import random
+
+    def verdicts(log_gain: float, sd: float, seed: int) -> list:
+        rng, out = random.Random(seed), []
+        for _ in range(400):
+            p = PairedBursts(min_pairs=3)
+            p.pairs[1] = [rng.gauss(log_gain, sd) for _ in range(rng.randint(3, 6))]
+            out.append(p.verdict(1))
+        return out
+
+    win = verdicts(math.log(1.18), 0.48, 0)
+    assert win.count(False) / len(win) < 0.1
+    tie = verdicts(0.0, 0.05, 1)
+    assert tie.count(False) / len(tie) > 0.8 and True not in tie
 
 
 def test_pairs_cancel_drift_the_unpaired_arms_read_as_a_gain():
