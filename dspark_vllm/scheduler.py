@@ -17,7 +17,7 @@ import os
 import time
 from collections import deque
 
-from .budget import (AcceptanceEstimator, admit_greedy, admit_top, plan_draft,
+from .budget import (AcceptanceEstimator, SurvivalPool, admit_greedy, admit_top, plan_draft,
                      production_budget, survival)
 from .config import GATE_ENV
 from .cost_model import DRAFT_PRIOR, CostModel, profile_key, profile_path
@@ -47,7 +47,7 @@ class DSparkScheduler(LedgerScheduler):
         self._admitted: dict[str, list[float]] = {}  # req_id -> survivals of verified slots
         self._history: deque[list[list[float]]] = deque(maxlen=3)  # survivals per step
         self._pending: tuple[int, float, int] | None = None  # last step: tokens, s, slots
-        self._pool: deque[list[float]] = deque(maxlen=GATE_POOL)  # recent survivals
+        self._pool = SurvivalPool(GATE_POOL)  # recent survivals of running requests
         self.rates = RealisedRates()  # measured tokens/s, drafted vs undrafted steps
         self.explorer = Explorer()
         self.paired = PairedBursts()  # each burst vs the steps just before it
@@ -102,7 +102,8 @@ class DSparkScheduler(LedgerScheduler):
             del drafts[n:]  # verify only the admitted prefix
             self._admitted[draft_token_ids.req_ids[i]] = s[:n]
         self.stats.record_budget(sum(counts), len(ids))
-        self._plan_next_draft(surv, counts, num_running, token_budget)
+        self._plan_next_draft(surv, counts, num_running, token_budget,
+                              [draft_token_ids.req_ids[i] for i in ids])
         self.stats.schedule_seconds += time.perf_counter() - t0
         draft_s = getattr(draft_token_ids, "dspark_draft_seconds", 0.0)
         rows = getattr(draft_token_ids, "dspark_context_rows", None)
@@ -113,7 +114,8 @@ class DSparkScheduler(LedgerScheduler):
         self._observe_costs(draft_s)
         super().update_draft_token_ids(draft_token_ids)
 
-    def _plan_next_draft(self, surv, counts, num_running: int, token_budget: int) -> None:
+    def _plan_next_draft(self, surv, counts, num_running: int, token_budget: int,
+                         req_ids=()) -> None:
         """The next step's draft length: whether to draft at all is the measured verdict
         (gate.PairedBursts: each exploration burst against the steps just before it) where
         the predicted gain (budget.plan_draft) is unsure and enough bursts are paired at
@@ -121,10 +123,11 @@ class DSparkScheduler(LedgerScheduler):
         choice where neither the prediction nor the measurement is sure. With
         DSPARK_GATE_VERDICT=arms the verdict is gate.RealisedRates' instead (each arm's
         running mean). Decided from finished steps only, before the next drafts exist."""
-        self._pool.extend(surv)
+        self._pool.add(req_ids, surv)
+        self._pool.keep_only(self.requests)  # unfinished requests only (SurvivalPool)
         if not num_running:
             return
-        length, gain = plan_draft(self._pool, counts, num_running, self.cost_model.cost,
+        length, gain = plan_draft(self._pool.curves(), counts, num_running, self.cost_model.cost,
                                   self.draft_cost.cost, token_budget, self.max_drafts,
                                   DRAFT_HEADROOM)
         # Measurement overrules the prediction only where the prediction is unsure: a rare

@@ -101,6 +101,42 @@ def test_next_draft_len_reads_the_pool_not_one_doubtful_draft():
     assert next_draft_len([], [], 4, COST, DRAFT, 10_000, 7) == 7  # no evidence yet
 
 
+def test_survival_pool_keeps_only_running_requests_and_its_size():
+    from dspark_vllm.budget import SurvivalPool
+
+    pool = SurvivalPool(4)
+    pool.add(["a", "b"], [[0.9], [0.2]])
+    pool.add(["a", "c", "c"], [[0.8], [0.3], [0.4]])
+    assert len(pool) == 4 and pool.curves() == [[0.2], [0.8], [0.3], [0.4]]  # newest 4
+    pool.keep_only({"a", "b"})
+    assert pool.curves() == [[0.2], [0.8]]
+    pool.add(["d"] * 3, [[0.5]] * 3)  # still bounded after pruning
+    assert len(pool) == 4 and pool.curves()[0] == [0.8]
+    pool.keep_only(set())
+    assert pool.curves() == []
+
+
+def test_a_finished_hard_request_does_not_keep_the_next_one_undrafted():
+    """One request at a time, drafting off on a hard prompt: no new curves arrive, so the
+    pool must not go on speaking for that prompt once it has finished."""
+    from types import SimpleNamespace
+
+    from dspark_vllm.scheduler import DSparkScheduler
+    from tests.test_gate import _fake_scheduler
+
+    plan = DSparkScheduler._plan_next_draft
+    hard = [survival([0.05] * 7)] * 8
+    fake = _fake_scheduler(hard)
+    plan(fake, [], [], 1, 10_000)
+    assert fake.draft_len == 0  # the hard request runs: do not draft
+    fake.requests = {"next": SimpleNamespace()}  # it finished; a new one arrived
+    plan(fake, [], [], 1, 10_000)
+    assert fake.draft_len == 7  # no evidence for the running request: draft, and learn
+    easy = [survival([0.9] * 7)]
+    plan(fake, easy, [6], 1, 10_000, ["next"])
+    assert fake.draft_len == 7 and fake._pool.curves() == easy
+
+
 def test_admit_top_keeps_prefixes_and_total():
     surv = [[0.9, 0.5], [0.8, 0.7]]
     assert admit_top(surv, 3) == [1, 2]

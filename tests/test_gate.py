@@ -216,7 +216,13 @@ def _fake_scheduler(pool):
 
     from dspark_vllm.cost_model import CostModel
 
-    fake = SimpleNamespace(_pool=list(pool), cost_model=CostModel(prior=COST),
+    from dspark_vllm.budget import SurvivalPool
+
+    ids = [f"req-{i}" for i in range(len(pool))]
+    survivals = SurvivalPool(64)
+    survivals.add(ids, pool)
+    fake = SimpleNamespace(_pool=survivals, requests=dict.fromkeys(ids),
+                           cost_model=CostModel(prior=COST),
                            draft_cost=CostModel(prior=DRAFT), max_drafts=7,
                            rates=RealisedRates(min_samples=1), explorer=Explorer(every=10_000),
                            paired=PairedBursts(),
