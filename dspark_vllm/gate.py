@@ -9,11 +9,11 @@ verified, and of steps that did neither. Where the prediction is unsure (gain un
 EXPLORE_MARGIN) and the arms are sure, their comparison is the verdict; elsewhere the
 prediction decides. Sure means: drafting loses or ties and the arms' noise could not hide
 a gain of EXPLORE_MARGIN (Z_SURE standard errors), or it wins by more than that noise.
-A step's rate at one load varies 11-20% here (tokens accepted, prefill neighbours, the machine), so point estimates of a few
-samples read a true tie as a 3-30% win: at 13-16 requests (a served step log, prefix cache
-on) the arms read 1.03-1.38x and kept drafting on for runs of 56-160 steps, while the same
-run's clean steps were level (173.8 vs 173.7 tok/s) and each drafting run also paid its
-transitions.
+A step's rate at one load varies 11-20% here (tokens accepted, prefill neighbours, the
+machine), so point estimates of a few samples read a true tie as a 3-30% win: at 13-16
+requests (a served step log, prefix cache on) the arms read 1.03-1.38x and kept drafting
+on for runs of 56-160 steps, while the same run's clean steps were level (173.8 vs 173.7
+tok/s) and each drafting run also paid its transitions.
 
 Exploration: a short burst of the other arm every PROBE_EVERY steps, but only where drafting
 is off or neither the prediction nor the arms say it clearly pays, so a quiet engine, where
@@ -80,9 +80,10 @@ def judge(excess: float, noise: float, z: float = Z_SURE,
     A loss or tie (excess <= 0) is sure, do not draft, when the reading also rules out such a
     gain by z standard errors: a tie goes to the cheaper path, but a noisy reading of a loss
     can hide a real win. At one request a burst's steps read that request's acceptance, so
-    3-4 pairs carry ~25% noise and read a true 1.55x as a loss often enough to switch
-    drafting off for most of a run (README, 2026-12-04). A win is sure only beyond z standard
-    errors: draft. Between: None, unsure (the caller falls back on its prediction)."""
+    3-4 pairs carry ~25% noise, and they read drafting that the step ledger measured at 1.55x
+    as a loss often enough to switch it off for most of a run (README, 2026-12-04).
+    A win is sure only beyond z standard errors: draft. Between: None, unsure (the caller
+    falls back on its prediction)."""
     if excess <= 0:
         return False if excess + z * noise < headroom else None
     return True if excess > z * noise else None
@@ -274,8 +275,9 @@ class PairedBursts:
 
     def verdict(self, batch: int) -> bool | None:
         """Does drafting produce more tokens per second at this load, burst by burst?
-        False: the mean gain is under the tie margin; True: over it by Z_SURE standard
-        errors; None: too few pairs, or a win their spread could explain."""
+        False: the mean gain is under the tie margin and their spread rules out
+        EXPLORE_MARGIN's gain; True: over it by Z_SURE standard errors; None: too few
+        pairs, or a loss or win their spread could explain."""
         s = self.summary(batch)
         return None if s is None else judge(s[1] - self.tie, s[2], self.z, self.headroom)
 
