@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Collection, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 # Tuning constants, each with its reason.
@@ -136,23 +136,23 @@ def plan_draft(
 
 class SurvivalPool:
     """The survival curves plan_draft reads: the last `size` drafted request-steps, each
-    tagged with its request. Curves of requests that have left are dropped (`keep_only`):
-    while the gate drafts nothing no new curves arrive, and a pool frozen on a finished
-    request's hard prompt kept the next, easy one undrafted until an exploration burst
-    (served at one request on 2026-12-04: 35% of request-steps drafted in one repeat, 99%
-    in the next). Once no running request has a curve, the pool is empty: no evidence,
-    draft, and the next step's confidences are fresh."""
+    tagged with its request. A request's curves leave with it (`forget`): while the gate
+    drafts nothing no new curves arrive, and a pool frozen on a finished request's hard
+    prompt kept the next, easy one undrafted until an exploration burst (served at one
+    request on 2026-12-04: 35% of request-steps drafted in one repeat, 99% in the next).
+    Once no running request has a curve, the pool is empty: no evidence, draft, and the
+    next step's confidences are fresh."""
 
     def __init__(self, size: int) -> None:
         self._items: deque[tuple[str, Sequence[float]]] = deque(maxlen=size)
 
     def add(self, req_ids: Sequence[str], curves: Sequence[Sequence[float]]) -> None:
-        self._items.extend(zip(req_ids, curves))
+        self._items.extend(zip(req_ids, curves, strict=True))
 
-    def keep_only(self, live: Collection[str]) -> None:
-        """Drop the curves of requests not in `live` (the scheduler's unfinished ones)."""
-        if any(r not in live for r, _ in self._items):
-            self._items = deque(((r, c) for r, c in self._items if r in live),
+    def forget(self, req_id: str) -> None:
+        """Drop a finished request's curves."""
+        if any(r == req_id for r, _ in self._items):
+            self._items = deque(((r, c) for r, c in self._items if r != req_id),
                                 maxlen=self._items.maxlen)
 
     def curves(self) -> list[Sequence[float]]:

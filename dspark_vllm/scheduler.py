@@ -124,7 +124,6 @@ class DSparkScheduler(LedgerScheduler):
         DSPARK_GATE_VERDICT=arms the verdict is gate.RealisedRates' instead (each arm's
         running mean). Decided from finished steps only, before the next drafts exist."""
         self._pool.add(req_ids, surv)
-        self._pool.keep_only(self.requests)  # unfinished requests only (SurvivalPool)
         if not num_running:
             return
         length, gain = plan_draft(self._pool.curves(), counts, num_running, self.cost_model.cost,
@@ -197,6 +196,7 @@ class DSparkScheduler(LedgerScheduler):
 
     def _free_request(self, request, *args, **kwargs):
         self._admitted.pop(request.request_id, None)
+        self._pool.forget(request.request_id)  # the gate's prediction is for running requests
         return super()._free_request(request, *args, **kwargs)
 
     def _status(self) -> dict:

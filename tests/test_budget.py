@@ -108,19 +108,18 @@ def test_survival_pool_keeps_only_running_requests_and_its_size():
     pool.add(["a", "b"], [[0.9], [0.2]])
     pool.add(["a", "c", "c"], [[0.8], [0.3], [0.4]])
     assert len(pool) == 4 and pool.curves() == [[0.2], [0.8], [0.3], [0.4]]  # newest 4
-    pool.keep_only({"a", "b"})
+    pool.forget("c")
     assert pool.curves() == [[0.2], [0.8]]
     pool.add(["d"] * 3, [[0.5]] * 3)  # still bounded after pruning
     assert len(pool) == 4 and pool.curves()[0] == [0.8]
-    pool.keep_only(set())
+    for req in "abd":
+        pool.forget(req)
     assert pool.curves() == []
 
 
 def test_a_finished_hard_request_does_not_keep_the_next_one_undrafted():
     """One request at a time, drafting off on a hard prompt: no new curves arrive, so the
     pool must not go on speaking for that prompt once it has finished."""
-    from types import SimpleNamespace
-
     from dspark_vllm.scheduler import DSparkScheduler
     from tests.test_gate import _fake_scheduler
 
@@ -129,7 +128,8 @@ def test_a_finished_hard_request_does_not_keep_the_next_one_undrafted():
     fake = _fake_scheduler(hard)
     plan(fake, [], [], 1, 10_000)
     assert fake.draft_len == 0  # the hard request runs: do not draft
-    fake.requests = {"next": SimpleNamespace()}  # it finished; a new one arrived
+    for i in range(len(hard)):  # it finished (DSparkScheduler._free_request); a new one came
+        fake._pool.forget(f"req-{i}")
     plan(fake, [], [], 1, 10_000)
     assert fake.draft_len == 7  # no evidence for the running request: draft, and learn
     easy = [survival([0.9] * 7)]

@@ -214,15 +214,12 @@ def test_the_ledger_files_steps_by_load_bucket():
 def _fake_scheduler(pool):
     from types import SimpleNamespace
 
+    from dspark_vllm.budget import SurvivalPool
     from dspark_vllm.cost_model import CostModel
 
-    from dspark_vllm.budget import SurvivalPool
-
-    ids = [f"req-{i}" for i in range(len(pool))]
     survivals = SurvivalPool(64)
-    survivals.add(ids, pool)
-    fake = SimpleNamespace(_pool=survivals, requests=dict.fromkeys(ids),
-                           cost_model=CostModel(prior=COST),
+    survivals.add([f"req-{i}" for i in range(len(pool))], pool)
+    fake = SimpleNamespace(_pool=survivals, cost_model=CostModel(prior=COST),
                            draft_cost=CostModel(prior=DRAFT), max_drafts=7,
                            rates=RealisedRates(min_samples=1), explorer=Explorer(every=10_000),
                            paired=PairedBursts(),
