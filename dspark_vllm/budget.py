@@ -139,7 +139,8 @@ class SurvivalPool:
     tagged with its request. A request's curves leave with it (`forget`): while the gate
     drafts nothing no new curves arrive, and a pool frozen on a finished request's hard
     prompt kept the next, easy one undrafted until an exploration burst (served at one
-    request on 2026-12-04: 35% of request-steps drafted in one repeat, 99% in the next).
+    request on 2026-12-04: 35% of request-steps drafted in one repeat before, 98-99% in
+    every repeat after; README).
     Once no running request has a curve, the pool is empty: no evidence, draft, and the
     next step's confidences are fresh."""
 
