@@ -173,10 +173,10 @@ def test_scheduler_feeds_only_clean_pure_decode_steps_to_the_arms():
     observe(fake, _step(4, 2), [[1, 2]] * 4, 0.2)
     observe(fake, _step(4, 0), [[1]] * 4, 0.1)  # off, steady: 40 tok/s
     assert fake.rates.rate(4, False) == 40.0 and fake.rates.verdict(4) is True
-    # The paired tracker saw every step, and kept the clean ones' rates as neighbours.
+    # The paired tracker saw every step, and kept the clean ones' tokens and seconds.
     assert fake.paired.step == 5
-    assert [(d, round(math.exp(x))) for _, d, x in fake.paired.recent[4]] == [(True, 60),
-                                                                             (False, 40)]
+    assert [(d, round(t), s) for _, d, (t, s) in fake.paired.recent[4]] == [(True, 12, 0.2),
+                                                                           (False, 4, 0.1)]
     # The ledger saw every step, each under its kind, with its prefill tokens.
     ledger = fake.ledger.table()
     assert sum(row["steps"] for row in ledger.values()) == 5
