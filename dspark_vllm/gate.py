@@ -278,9 +278,10 @@ class PairedBursts:
         """(pairs, log of the mean gain, its standard error, widened for few pairs by
         t_widen) at this load; None before MIN_PAIRS. The pairs' gains are averaged as
         ratios, not as logs: a pair's drafted side is a few steps of 1-8 tokens each, and
-        the mean of log ratios reads such noise as a loss (Jensen: ~6% in the test of one request);
-        the mean of the ratios is unbiased where the noisy side is the numerator, as it is
-        there. The error is the ratios' relative one (the delta method's, in log units)."""
+        the mean of log ratios reads such noise as a loss (Jensen: ~6% in the one-request
+        test); the mean of the ratios is unbiased where the noisy side is the numerator, as
+        it is there. The error is the ratios' relative one (the delta method's, in log
+        units)."""
         d = self.pairs.get(bucket(batch), ())
         n = len(d)
         if n < self.min_pairs:
