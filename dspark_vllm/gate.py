@@ -244,14 +244,14 @@ class PairedBursts:
         """log(tokens / seconds) over the steps together."""
         return math.log(sum(t for t, _ in steps) / sum(s for _, s in steps))
 
-    def observe(self, burst: bool, batch: int, drafted: bool, rate: float | None,
+    def observe(self, burst: bool, batch: int, drafted: bool, tokens: float | None,
                 seconds: float = 1.0) -> None:
         """One finished step: `burst`, whether the explorer ran it; `drafted`, its arm;
-        `rate`, its tokens per second if it was a clean pure-decode step, else None;
-        `seconds`, its length (the weight of its rate in its side's ratio of sums)."""
+        `tokens`, what it generated if it was a clean pure-decode step, else None;
+        `seconds`, its length."""
         self.step += 1
         key = bucket(batch) if batch > 0 else 0
-        ts = (rate * seconds, seconds) if rate is not None and rate > 0 and seconds > 0 else None
+        ts = (tokens, seconds) if tokens is not None and tokens > 0 and seconds > 0 else None
         if burst:
             if self._open is None:  # its first step: take the neighbours now
                 before = [x for s, d, x in self.recent.get(key, ())

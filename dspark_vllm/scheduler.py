@@ -189,8 +189,7 @@ class DSparkScheduler(LedgerScheduler):
         drafted, prev, self._prev_slots = self._step_slots > 0, self._prev_slots > 0, self._step_slots
         prefill, tokens = self._file_step(scheduler_output, sampled, seconds, drafted)
         batch, clean = len(scheduler_output.num_scheduled_tokens), drafted == prev and not prefill
-        self.paired.observe(self._burst, batch, drafted,
-                            tokens / seconds if clean and seconds > 0 else None, seconds)
+        self.paired.observe(self._burst, batch, drafted, tokens if clean else None, seconds)
         if clean:  # not a transition, no prefill tokens in the step
             self.rates.observe(batch, drafted, tokens, seconds)
 

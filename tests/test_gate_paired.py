@@ -9,7 +9,8 @@ from tests.test_gate import COST, DRAFT, _fake_scheduler
 
 
 def _run(paired: PairedBursts, steps) -> None:
-    """Feed (burst, batch, drafted, rate or None) steps."""
+    """Feed (burst, batch, drafted, tokens or None[, seconds]) steps; without seconds a
+    step lasts 1 s, so its tokens are its rate."""
     for step in steps:
         paired.observe(*step)
 
@@ -178,9 +179,9 @@ def test_the_paired_verdict_can_drive_the_gate():
 def test_pairs_read_one_requests_throughput_not_a_geometric_mean():
     """One request, a true 1.33x win: a drafted step makes 1, 2, 3 or 5 tokens (the request's
     acceptance) in 1.35x an undrafted step's time, so drafting makes 1.8 / 1.35 = 1.33x the
-    tokens per second. Served on 2026-12-04 the pairs at one request read 0.91x (4 pairs)
-    while the step ledger's clean steps read 1.80x, and the verdict switched drafting off
-    for most of a repeat. Means of log rates read this win ~16% low (step by step, a
+    tokens per second. Served on 2026-12-04 the pairs at one request read 0.91x (4 pairs),
+    a sure loss, while the step ledger's clean steps read 1.80x, and one repeat drafted on
+    a third of its request-steps. Means of log rates read this win ~16% low (step by step, a
     geometric mean) and ~6% low (pair by pair); the pairs now read it within 4%, and a
     window of 4-6 pairs seldom reads it as a sure loss (3% of windows; 13% before)."""
     import random
@@ -193,11 +194,11 @@ def test_pairs_read_one_requests_throughput_not_a_geometric_mean():
         steps = []
         for _ in range(6):  # the undrafted neighbours: one token a step
             s = rng.gauss(0.050, 0.002)
-            steps.append((False, 1, False, 1 / s, s))
+            steps.append((False, 1, False, 1, s))
         steps.append((True, 1, True, None, 0.07))  # the transition
         for _ in range(3):
             s = rng.gauss(0.0675, 0.002)
-            steps.append((True, 1, True, rng.choices(tokens, weights)[0] / s, s))
+            steps.append((True, 1, True, rng.choices(tokens, weights)[0], s))
         return steps + [(False, 1, False, None, 0.06)]
 
     p = PairedBursts(kept=100_000)
@@ -205,8 +206,8 @@ def test_pairs_read_one_requests_throughput_not_a_geometric_mean():
     for _ in range(3000):
         steps = burst_steps()
         _run(p, steps)
-        before = [math.log(r) for _, _, d, r, _ in steps if r is not None and not d]
-        own = [math.log(r) for _, _, d, r, _ in steps if r is not None and d]
+        before = [math.log(t / s) for _, _, d, t, s in steps if t is not None and not d]
+        own = [math.log(t / s) for _, _, d, t, s in steps if t is not None and d]
         geo.append(sum(own) / len(own) - sum(before) / len(before))
     assert math.exp(sum(geo) / len(geo)) < 0.88 * true_gain
     assert math.exp(sum(p.pairs[1]) / len(p.pairs[1])) < 0.95 * true_gain
