@@ -35,11 +35,15 @@ BATCH_SCHEDULE = [[1, 2, 7], [3, 4, 5], [5, 8, 3], [9, 16, 2], [17, 1024, 1]]
 # context_debt.py), and with vLLM's separate draft RPC after each step
 # (DSPARK_DRAFT_HANDOVER=0, against drafts on the step's output: patches/draft_handover.py),
 # and with the draft gate judging by its arms' running means (DSPARK_GATE_VERDICT=arms, the
-# default until 2026-12-02) or by paired bursts (the default now; named for the earlier A/Bs).
+# default until 2026-12-02) or by paired bursts (the default now; named for the earlier A/Bs),
+# and with the confidences rescaled to the acceptance served (DSPARK_CONFIDENCE_DRIFT=1,
+# budget.ConfidenceDrift, experimental; serving-1204-c1-drift ran it as the default, named
+# dspark-adaptive there, against dspark-adaptive-no-drift).
 CONFIG_ENV = {"dspark-adaptive-stepwise-context": {"DSPARK_DEFER_CONTEXT": "0"},
               "dspark-adaptive-draft-rpc": {"DSPARK_DRAFT_HANDOVER": "0"},
               "dspark-adaptive-arms": {"DSPARK_GATE_VERDICT": "arms"},
-              "dspark-adaptive-paired": {"DSPARK_GATE_VERDICT": "paired"}}
+              "dspark-adaptive-paired": {"DSPARK_GATE_VERDICT": "paired"},
+              "dspark-adaptive-drift": {"DSPARK_CONFIDENCE_DRIFT": "1"}}
 # A/A control, run only when named: a second, identical plain server. On this CPU two
 # copies of one server differ by up to ~1.2x at 16 requests (a server instance keeps a speed
 # of its own), so its ratio to no-spec is the noise floor any A/B ratio must clear.

@@ -20,6 +20,7 @@ BLOCK_DROP_ENV = "DSPARK_EAGLE_BLOCK_DROP"  # "1": vLLM's EAGLE prefix-cache blo
 DEFER_ENV = "DSPARK_DEFER_CONTEXT"  # "0": write the drafter's context K/V every step
 HANDOVER_ENV = "DSPARK_DRAFT_HANDOVER"  # "0": drafts reach the engine by vLLM's extra RPC
 GATE_ENV = "DSPARK_GATE_VERDICT"  # what the draft gate measures by (gate.py)
+DRIFT_ENV = "DSPARK_CONFIDENCE_DRIFT"  # "1": rescale confidences to the acceptance served
 GATE_VERDICTS = {"paired": "each exploration burst against the steps just before it, the default",
                  "arms": "each arm's running mean"}
 ACTIVE_ENV = "DSPARK_VLLM_ACTIVE"  # set once a dspark config is validated; inherited by
@@ -138,6 +139,9 @@ class DSparkServeConfig:
         _switch(HANDOVER_ENV, "1", "a step's drafts ride its output to the engine, the default",
                 "vLLM's separate take_draft_token_ids RPC")
         _choice(GATE_ENV, "paired", GATE_VERDICTS)
+        _switch(DRIFT_ENV, "0", "confidences rescaled per position to the acceptance served "
+                "(budget.ConfidenceDrift, experimental)", "the drafter's confidences as they "
+                "are, the default")
         return cls(drafter_dir=path, drafter=dcfg, num_speculative_tokens=k, adaptive=adaptive,
                    probabilistic=sc.draft_sample_method == "probabilistic",
                    keep_cached_block=not drop)

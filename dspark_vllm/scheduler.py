@@ -17,9 +17,9 @@ import os
 import time
 from collections import deque
 
-from .budget import (AcceptanceEstimator, SurvivalPool, admit_greedy, admit_top, plan_draft,
-                     production_budget, survival)
-from .config import GATE_ENV
+from .budget import (AcceptanceEstimator, ConfidenceDrift, SurvivalPool, admit_greedy,
+                     admit_top, plan_draft, production_budget, survival)
+from .config import DRIFT_ENV, GATE_ENV
 from .cost_model import DRAFT_PRIOR, CostModel, profile_key, profile_path
 from .gate import EXPLORE_MARGIN, TIE_MARGIN, Explorer, PairedBursts, RealisedRates
 from .ledger_scheduler import LedgerScheduler
@@ -45,6 +45,13 @@ class DSparkScheduler(LedgerScheduler):
         self.draft_cost = CostModel(prior=DRAFT_PRIOR)  # the draft pass, by drafted slots
         self.estimator = AcceptanceEstimator(self.max_drafts)
         self._admitted: dict[str, list[float]] = {}  # req_id -> survivals of verified slots
+        # With DSPARK_CONFIDENCE_DRIFT=1 (validated in config.py): the confidences rescaled
+        # to the acceptance served (budget.ConfidenceDrift), fed with each verified
+        # request's raw confidences (req_id -> c_1..c_n). Off by default: no served gain
+        # shown yet (README, "The budget at one request").
+        self.drift = (ConfidenceDrift(self.max_drafts)
+                      if os.environ.get(DRIFT_ENV, "0") == "1" else None)
+        self._raw: dict[str, list[float]] = {}
         self._history: deque[list[list[float]]] = deque(maxlen=3)  # survivals per step
         self._pending: tuple[int, float, int] | None = None  # last step: tokens, s, slots
         self._pool = SurvivalPool(GATE_POOL)  # recent survivals of running requests
@@ -80,6 +87,11 @@ class DSparkScheduler(LedgerScheduler):
             conf = confidences[i]
             if conf is None or len(conf) < len(drafts):
                 conf = self.estimator.rates(len(drafts))  # no confidence head: online estimate
+            else:
+                conf = list(conf[: len(drafts)])
+                if self.drift is not None:
+                    self._raw[req_id] = conf
+                    conf = self.drift.apply(conf)
             nan = sum(1 for c in conf[: len(drafts)] if c is None or not math.isfinite(c))
             if nan:
                 self.stats.nan_confidences += nan
@@ -181,6 +193,8 @@ class DSparkScheduler(LedgerScheduler):
             accepted = max(len(sampled[idx]) - 1, 0)
             self.estimator.update(len(spec), accepted)
             self.stats.record_outcome(self._admitted.pop(req_id, []), accepted)
+            if self.drift is not None:
+                self.drift.update(self._raw.pop(req_id, [])[: len(spec)], accepted)
         return super().update_from_output(scheduler_output, model_runner_output)  # + the ledger
 
     def _observe_rate(self, scheduler_output, sampled, seconds: float) -> None:
@@ -195,6 +209,7 @@ class DSparkScheduler(LedgerScheduler):
 
     def _free_request(self, request, *args, **kwargs):
         self._admitted.pop(request.request_id, None)
+        self._raw.pop(request.request_id, None)
         self._pool.forget(request.request_id)  # the gate's prediction is for running requests
         return super()._free_request(request, *args, **kwargs)
 
@@ -215,4 +230,5 @@ class DSparkScheduler(LedgerScheduler):
                          "exploration_every": {str(b): n for b, n in
                                                sorted(self.explorer.interval.items())}},
                 "fallback_acceptance": self.estimator.rates(self.max_drafts),
+                "confidence_drift": None if self.drift is None else self.drift.ratios(),
                 "tracked_requests": len(self._admitted)}

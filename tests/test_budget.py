@@ -5,8 +5,9 @@ import random
 
 import pytest
 
-from dspark_vllm.budget import (AcceptanceEstimator, StepCost, admit_greedy, admit_top,
-                                drafting_pays, next_draft_len, production_budget, survival)
+from dspark_vllm.budget import (AcceptanceEstimator, ConfidenceDrift, StepCost, admit_greedy,
+                                admit_top, drafting_pays, next_draft_len, production_budget,
+                                survival)
 
 COST = StepCost(alpha=0.060, beta=0.0012)  # the shape measured on CPU engines
 
@@ -164,3 +165,45 @@ def test_estimator_learns_conditional_rates():
         est2.update(3, 0)  # first always rejected: later positions never reached
     r = est2.rates(3)
     assert r[0] < 0.05 and math.isclose(r[1], 0.5) and math.isclose(r[2], 0.5)
+
+
+def _served(drift, rng, conf, true, rounds):
+    """Verify `rounds` blocks whose slot k the head rates conf[k] but is accepted with
+    conditional probability true[k]; feed the outcomes to the drift."""
+    for _ in range(rounds):
+        accepted = 0
+        while accepted < len(true) and rng.random() < true[accepted]:
+            accepted += 1
+        drift.update(conf, accepted)
+
+
+def test_drift_learns_how_far_served_acceptance_falls_below_the_confidences():
+    rng, conf, true = random.Random(0), [0.8, 0.8, 0.8], [0.4, 0.6, 0.8]
+    drift = ConfidenceDrift(3, decay=1.0)
+    assert drift.ratios() == [1.0, 1.0, 1.0]  # no evidence: the confidences as they are
+    _served(drift, rng, conf, true, 4000)
+    for got, want in zip(drift.apply(conf), true):
+        assert abs(got - want) < 0.05
+    # The budget then admits fewer drafts: survivals fall.
+    assert survival(drift.apply(conf))[-1] < 0.5 * survival(conf)[-1]
+
+
+def test_drift_leans_on_the_position_before_where_it_has_little_evidence():
+    rng = random.Random(1)
+    drift = ConfidenceDrift(4, decay=1.0)
+    _served(drift, rng, [0.9, 0.9, 0.9, 0.9], [0.45, 0.0, 0.0, 0.0], 400)  # slot 3 never reached
+    r = drift.ratios()
+    assert abs(r[0] - 0.5) < 0.1 and r[1] < 0.1  # slot 2: reached and always rejected
+    assert r[2] == r[1] and r[3] == r[1]  # never reached: the shallower slot's ratio
+
+
+def test_drift_keeps_missing_confidences_missing_and_survival_clipped():
+    drift = ConfidenceDrift(3, decay=1.0)
+    for _ in range(200):
+        drift.update([0.5, 0.5, 0.5], 3)  # accepted twice as often as rated
+    out = drift.apply([0.9, float("nan"), None])
+    assert out[0] > 1.0 and math.isnan(out[1]) and out[2] is None
+    assert survival(out) == [1.0, 0.0, 0.0]
+    before = drift.ratios()
+    drift.update([float("nan"), 0.5], 2)  # a NaN confidence ends what the update reads
+    assert drift.ratios() == before
