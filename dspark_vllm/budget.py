@@ -237,9 +237,11 @@ class ConfidenceDrift:
         self.decay, self.prior = decay, prior
         self.predicted = [0.0] * max_positions  # decayed sums of c_k over reached slots
         self.realised = [0.0] * max_positions  # decayed counts of accepted ones among them
+        self._ratios: list[float] | None = None  # ratios() until the next update
 
     def update(self, conf: Sequence[float], num_accepted: int) -> None:
         """conf: the raw conditional confidences of one request's verified slots."""
+        self._ratios = None
         for k in range(min(num_accepted + 1, len(conf), len(self.predicted))):
             c = conf[k]
             if c is None or not math.isfinite(c):
@@ -248,11 +250,14 @@ class ConfidenceDrift:
             self.realised[k] = self.realised[k] * self.decay + float(k < num_accepted)
 
     def ratios(self) -> list[float]:
-        out, prev = [], 1.0
-        for p, a in zip(self.predicted, self.realised):
-            prev = (a + self.prior * prev) / (p + self.prior)
-            out.append(prev)
-        return out
+        """r_1..r_K, computed once per update: apply() reads them for every request a step."""
+        if self._ratios is None:
+            out, prev = [], 1.0
+            for p, a in zip(self.predicted, self.realised):
+                prev = (a + self.prior * prev) / (p + self.prior)
+                out.append(prev)
+            self._ratios = out
+        return self._ratios
 
     def apply(self, conf: Sequence[float]) -> list[float]:
         r = self.ratios()

@@ -44,14 +44,14 @@ class DSparkScheduler(LedgerScheduler):
         self.cost_model = CostModel.load(profile_path(key))  # the step without drafting
         self.draft_cost = CostModel(prior=DRAFT_PRIOR)  # the draft pass, by drafted slots
         self.estimator = AcceptanceEstimator(self.max_drafts)
-        self._admitted: dict[str, list[float]] = {}  # req_id -> survivals of verified slots
+        # req_id -> (survivals, raw confidences or None) of the slots sent to verification
+        self._admitted: dict[str, tuple[list[float], list[float] | None]] = {}
         # With DSPARK_CONFIDENCE_DRIFT=1 (validated in config.py): the confidences rescaled
         # to the acceptance served (budget.ConfidenceDrift), fed with each verified
-        # request's raw confidences (req_id -> c_1..c_n). Off by default: no served gain
-        # shown yet (README, "The budget at one request").
+        # request's raw confidences. Off by default: no served gain shown yet (README,
+        # "The budget at one request").
         self.drift = (ConfidenceDrift(self.max_drafts)
                       if os.environ.get(DRIFT_ENV, "0") == "1" else None)
-        self._raw: dict[str, list[float]] = {}
         self._history: deque[list[list[float]]] = deque(maxlen=3)  # survivals per step
         self._pending: tuple[int, float, int] | None = None  # last step: tokens, s, slots
         self._pool = SurvivalPool(GATE_POOL)  # recent survivals of running requests
@@ -77,25 +77,24 @@ class DSparkScheduler(LedgerScheduler):
 
     def update_draft_token_ids(self, draft_token_ids) -> None:
         t0 = time.perf_counter()
-        ids, surv = [], []
+        ids, surv, raws = [], [], []
         confidences = self._confidences(draft_token_ids)
         for i, (req_id, drafts) in enumerate(zip(draft_token_ids.req_ids,
                                                  draft_token_ids.draft_token_ids)):
             req = self.requests.get(req_id)
             if req is None or req.is_finished() or req.is_prefill_chunk or not drafts:
                 continue
-            conf = confidences[i]
+            conf, raw = confidences[i], None
             if conf is None or len(conf) < len(drafts):
                 conf = self.estimator.rates(len(drafts))  # no confidence head: online estimate
-            else:
-                conf = list(conf[: len(drafts)])
-                if self.drift is not None:
-                    self._raw[req_id] = conf
-                    conf = self.drift.apply(conf)
+            elif self.drift is not None:
+                raw = conf[: len(drafts)]
+                conf = self.drift.apply(raw)
             nan = sum(1 for c in conf[: len(drafts)] if c is None or not math.isfinite(c))
             if nan:
                 self.stats.nan_confidences += nan
             ids.append(i)
+            raws.append(raw)
             surv.append(survival(conf[: len(drafts)]))
         num_running = len(self.running)
         token_budget = self.max_num_scheduled_tokens
@@ -108,11 +107,11 @@ class DSparkScheduler(LedgerScheduler):
             else:
                 counts = admit_greedy(surv, num_running, self.cost_model.cost, token_budget)
             self._history.append(surv)
-        for i, s, n in zip(ids, surv, counts):
+        for i, s, raw, n in zip(ids, surv, raws, counts):
             drafts = draft_token_ids.draft_token_ids[i]
             self.stats.record_admission(len(drafts), n, s[:n])
             del drafts[n:]  # verify only the admitted prefix
-            self._admitted[draft_token_ids.req_ids[i]] = s[:n]
+            self._admitted[draft_token_ids.req_ids[i]] = (s[:n], None if raw is None else raw[:n])
         self.stats.record_budget(sum(counts), len(ids))
         self._plan_next_draft(surv, counts, num_running, token_budget,
                               [draft_token_ids.req_ids[i] for i in ids])
@@ -192,9 +191,10 @@ class DSparkScheduler(LedgerScheduler):
                 continue
             accepted = max(len(sampled[idx]) - 1, 0)
             self.estimator.update(len(spec), accepted)
-            self.stats.record_outcome(self._admitted.pop(req_id, []), accepted)
-            if self.drift is not None:
-                self.drift.update(self._raw.pop(req_id, [])[: len(spec)], accepted)
+            survivals, raw = self._admitted.pop(req_id, ([], None))
+            self.stats.record_outcome(survivals, accepted)
+            if raw is not None:  # [: len(spec)]: slots vLLM itself trimmed were never verified
+                self.drift.update(raw[: len(spec)], accepted)
         return super().update_from_output(scheduler_output, model_runner_output)  # + the ledger
 
     def _observe_rate(self, scheduler_output, sampled, seconds: float) -> None:
@@ -209,7 +209,6 @@ class DSparkScheduler(LedgerScheduler):
 
     def _free_request(self, request, *args, **kwargs):
         self._admitted.pop(request.request_id, None)
-        self._raw.pop(request.request_id, None)
         self._pool.forget(request.request_id)  # the gate's prediction is for running requests
         return super()._free_request(request, *args, **kwargs)
 

@@ -71,6 +71,13 @@ def test_gate_verdict_choice_is_validated(target, good, monkeypatch):
     _refused(target, spec, "DSPARK_GATE_VERDICT='bursts': use paired / unset")
 
 
+def test_confidence_drift_switch_is_validated(target, good, monkeypatch):
+    spec = {"method": "dspark", "model": good, "num_speculative_tokens": 4,
+            "enable_adaptive_verification": True}
+    monkeypatch.setenv("DSPARK_CONFIDENCE_DRIFT", "on")
+    _refused(target, spec, "DSPARK_CONFIDENCE_DRIFT='on': use 1")
+
+
 def test_the_collector_follows_schedulers_that_keep_the_ledger():
     from vllm.v1.core.sched.scheduler import Scheduler
 
