@@ -54,6 +54,7 @@ def sample_block(
         seed = torch.randint(0, 2**62, (b,), device=h.device)
         if positions is None:
             positions = torch.arange(k, device=h.device).expand(b, k)
+        slot_positions = positions.long().t().contiguous()  # [K, B]: one dense row per step
     prev = anchor
     tokens, probs = [], []
     for i in range(k):
@@ -63,7 +64,7 @@ def sample_block(
             d = kernels.transition_argmax(base[:, i], prev, w1, w2)
         else:
             d, _, _, q = kernels.transition_step(base[:, i], prev, w1, w2, t, seed,
-                                                 positions[:, i].long(), want_probs=want_probs)
+                                                 slot_positions[i], want_probs=want_probs)
             if want_probs:
                 probs.append(q if cols is None else
                              q.new_zeros(b, target_vocab_size).index_copy_(1, cols, q))

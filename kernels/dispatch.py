@@ -74,6 +74,12 @@ def _declined(name: str, *tensors: torch.Tensor) -> bool:
     return why is not None
 
 
+def _dense(*vectors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """The per-row vectors as the Triton wrappers take them: contiguous (a column of a
+    [B, K] tensor is strided; the references accept it, the kernels index it densely)."""
+    return tuple(v.contiguous() for v in vectors)
+
+
 def transition_step(
     base_logits: torch.Tensor,  # [B, V] U_k
     prev_ids: torch.Tensor,  # [B] int64 target-vocabulary id of x_{k-1}
@@ -93,7 +99,17 @@ def transition_step(
     if _declined("transition_step", *args):
         return reference.transition_step_ref(*args, want_probs, out_probs, out=out)
     from .transition import transition_step_triton
-    return transition_step_triton(*args, want_probs, out_probs, out=out)
+    return transition_step_triton(base_logits, *_dense(prev_ids), w1, w2,
+                                  *_dense(temperature, seed, position), want_probs, out_probs,
+                                  out=out)
+
+
+@functools.lru_cache(maxsize=64)
+def _greedy_rows(b: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Zero temperature [B] f32 and zero seed/position [B] int64 for an all-greedy step, made
+    once per batch size: the kernel only reads them, and two fresh zero-filled tensors a
+    step were a measurable part of its launch cost (README, kernels on a GPU)."""
+    return (torch.zeros(b, device=device), torch.zeros(b, dtype=torch.int64, device=device))
 
 
 def transition_argmax(
@@ -106,10 +122,10 @@ def transition_argmax(
     temperature 0); the Triton kernel where it runs, else reference.transition_argmax_ref."""
     if _declined("transition_step", base_logits, prev_ids, w1, w2):
         return reference.transition_argmax_ref(base_logits, prev_ids, w1, w2)
-    b = base_logits.shape[0]
-    zeros = torch.zeros(b, dtype=torch.int64, device=base_logits.device)
-    return transition_step(base_logits, prev_ids, w1, w2,
-                           torch.zeros(b, device=base_logits.device), zeros, zeros)[0]
+    from .transition import transition_step_triton
+    temperature, seed_and_position = _greedy_rows(base_logits.shape[0], base_logits.device)
+    return transition_step_triton(base_logits, *_dense(prev_ids), w1, w2, temperature,
+                                  seed_and_position, seed_and_position)[0]
 
 
 def transition_step_topk(
@@ -130,7 +146,8 @@ def transition_step_topk(
     if _declined("transition_step_topk", *args):
         return reference.transition_step_topk_ref(*args, out=out)
     from .topk import transition_step_topk_triton
-    return transition_step_topk_triton(*args, out=out)
+    return transition_step_topk_triton(topk_values, topk_ids, *_dense(prev_ids), w1, w2,
+                                       *_dense(temperature, seed, position), out=out)
 
 
 def confidence(
@@ -145,7 +162,7 @@ def confidence(
     if _declined("confidence", *args):
         return reference.confidence_ref(*args)
     from .confidence_head import confidence_triton
-    return confidence_triton(*args)
+    return confidence_triton(h, *_dense(prev_ids), w1, w, b)
 
 
 def confidence_block(

@@ -22,7 +22,7 @@ os.environ.setdefault("DSPARK_KERNEL_POISON", "1")  # before kernels.checks is i
 
 import torch  # noqa: E402
 
-from . import reference  # noqa: E402
+from . import dispatch, reference  # noqa: E402
 from .confidence_head import confidence_triton  # noqa: E402
 from .topk import transition_step_topk_triton  # noqa: E402
 from .transition import plan, transition_step_triton  # noqa: E402
@@ -152,6 +152,47 @@ def check_confidence(device, gen):
     return bad
 
 
+def check_dispatch_columns(device, gen):
+    """The dispatcher as dspark_vllm.sequential calls it, slot by slot, with columns of
+    [B, K] tensors (strided vectors), forced onto the Triton path; against the references."""
+    b, k, v, hdim, r, vt = 5, 4, 257, 48, 16, 60
+    declined, dispatch._declined = dispatch._declined, lambda *tensors: False
+    bad = []
+    try:
+        for dtype in (torch.float32, torch.bfloat16):
+            def rnd(*shape, scale=1.0):
+                return (torch.randn(*shape, generator=gen) * scale).to(dtype).to(device)
+
+            base, h = rnd(b, k, v, scale=2.0), rnd(b, k, hdim)  # [B, K, V], [B, K, H]
+            w1, w2 = rnd(vt, r), rnd(v, r, scale=0.4)
+            w, bias = rnd(hdim + r, scale=0.2), rnd(1)
+            prevs = torch.randint(0, vt, (b, k), generator=gen).to(device)  # [B, K]
+            positions = torch.randint(0, 1 << 20, (b, k), generator=gen).to(device)  # [B, K]
+            temp = (torch.rand(b, generator=gen) + 0.5).to(device)
+            seed = torch.randint(-2**62, 2**62, (b,), generator=gen).to(device)
+            temps = (torch.rand(k, generator=gen) + 0.5).to(device)
+            for i in range(k):
+                args = (base[:, i], prevs[:, i], w1, w2, temp, seed, positions[:, i])
+                bad.append(_compare(f"step slot {i} {dtype}",
+                                    dispatch.transition_step(*args, want_probs=True),
+                                    reference.transition_step_ref(*args, want_probs=True),
+                                    TOL[dtype]))
+                bad.append(_compare(f"argmax slot {i} {dtype}",
+                                    [dispatch.transition_argmax(*args[:4])],
+                                    [reference.transition_argmax_ref(*args[:4])], TOL[dtype]))
+                ids = torch.stack([torch.randperm(v, generator=gen)[:37] for _ in range(b)])
+                ids = ids.to(device)
+                top = (base[:, i].gather(1, ids), ids, *args[1:])
+                bad.append(_compare(f"topk slot {i} {dtype}", dispatch.transition_step_topk(*top),
+                                    reference.transition_step_topk_ref(*top), TOL[dtype]))
+            got = dispatch.confidence_block(h, prevs, w1, w, bias, temps)
+            want = reference.confidence_block_ref(h, prevs, w1, w, bias, temps)
+            bad.append(_compare(f"confidence block {dtype}", [got], [want], TOL[dtype]))
+    finally:
+        dispatch._declined = declined
+    return [m for m in bad if m]
+
+
 def check_asserts(device, gen):
     """The wrappers refuse bad layouts, dtypes and shapes before launching anything."""
     x = _inputs(3, 40, 8, torch.float32, device, False, gen)
@@ -183,7 +224,8 @@ def check_asserts(device, gen):
 
 
 CHECKS = {"asserts": check_asserts, "dense": check_dense, "topk": check_topk,
-          "gumbel_distribution": check_gumbel_distribution, "confidence": check_confidence}
+          "gumbel_distribution": check_gumbel_distribution, "confidence": check_confidence,
+          "dispatch_columns": check_dispatch_columns}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -16,6 +16,7 @@ The math is the torch reference `kernels.reference.transition_step_ref`.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -54,6 +55,7 @@ class Plan:
     num_warps: int
 
 
+@functools.lru_cache(maxsize=1024)  # a pure function of its arguments, asked every step
 def plan(b: int, v: int, r: int, elem_bytes: int, device: torch.device,
          block_v: int | None = None, num_splits: int | None = None) -> Plan:
     """Tile sizes and the vocab split for a [b, v] step of rank r whose W1/W2 elements are

@@ -261,3 +261,23 @@ def test_engine_profile_refuses_a_bad_size_by_name(argv, bad, capsys):
     with pytest.raises(SystemExit):  # before any engine starts
         main(argv)
     assert bad in capsys.readouterr().err
+
+
+def test_kernel_benchmark_quick_on_cpu(tmp_path):
+    """bench_kernels --quick times the torch paths on a CPU and writes its report; the
+    draft-block loop through the dispatcher draws the unfused loop's greedy tokens."""
+    import torch
+
+    from benchmarks import bench_kernels
+
+    assert bench_kernels.main(["--quick", "--device", "cpu", "--threads", "1",
+                               "--out", str(tmp_path / "k")]) == 0
+    report = json.loads((tmp_path / "k.json").read_text())
+    assert len(report["rows"]) == 8 and report["copy_GBps"] is None
+    assert all(r["unfused_ms"] > 0 and r["reference_ms"] > 0 for r in report["rows"])
+    assert "| fp32 | 64 | 4096 | 8 | sample |" in (tmp_path / "k.md").read_text()
+    x = bench_kernels.block_inputs(3, 64, 200, 8, torch.float32, "cpu")
+    gen = torch.Generator().manual_seed(0)
+    fused = bench_kernels.block_loop(x, True, True, gen)  # [B, K] target ids
+    assert fused.shape == (3, bench_kernels.BLOCK_K)
+    assert torch.equal(fused, bench_kernels.block_loop(x, False, True, gen))

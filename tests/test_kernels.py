@@ -23,7 +23,7 @@ import torch
 from kernels import dispatch, reference, rng
 
 ROOT = Path(__file__).resolve().parents[1]
-CHECKS = ["asserts", "dense", "gumbel_distribution", "topk", "confidence"]
+CHECKS = ["asserts", "dense", "gumbel_distribution", "topk", "confidence", "dispatch_columns"]
 
 
 def _run_module(module: str, *args: str, interpret: bool, timeout: int = 600):
