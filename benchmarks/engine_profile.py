@@ -91,14 +91,18 @@ def in_process_llm(spec: dict | None, **kw):
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("mode", choices=("plain", "k0", "adaptive", "fixed"))
-    p.add_argument("--k", type=int, default=7, help="drafts per step (mode fixed)")
+    p.add_argument("--k", type=int, default=7,
+                   help="drafts per step (mode fixed); the most per step (mode adaptive)")
     p.add_argument("--batch", type=int, default=16, help="prompts per pass (at most 16)")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--max-tokens", type=int, default=96)
+    p.add_argument("--offset", type=int, default=0,
+                   help="first prompt of the 16 (0-7 GSM8K, 8-15 HumanEval)")
     args = p.parse_args(argv)
-    if not 1 <= args.batch <= 16:
-        p.error(f"--batch {args.batch}: use 1 to 16 (the prompt set holds 16)")
-    if args.mode == "fixed" and not 1 <= args.k <= 7:
+    if not 1 <= args.batch <= 16 - max(args.offset, 0) or args.offset < 0:
+        p.error(f"--batch {args.batch} --offset {args.offset}: the prompt set holds 16, so "
+                "use offset >= 0 and offset + batch <= 16")
+    if args.mode in ("fixed", "adaptive") and not 1 <= args.k <= 7:
         p.error(f"--k {args.k}: use 1 to 7 (the bundled drafter's block; mode k0 drafts none)")
     from vllm import SamplingParams
 
@@ -108,19 +112,19 @@ def main(argv=None) -> None:
     _install()
     spec = None
     if args.mode != "plain":
-        spec = {"method": "dspark", "model": str(BUNDLED_DRAFTER), "num_speculative_tokens": 7}
+        spec = {"method": "dspark", "model": str(BUNDLED_DRAFTER),
+                "num_speculative_tokens": args.k if args.mode in ("fixed", "adaptive") else 7}
         if args.mode == "k0":
             spec["num_speculative_tokens_per_batch_size"] = [[1, 1024, 0]]
-        elif args.mode == "fixed":
-            spec["num_speculative_tokens"] = args.k
-        else:
+        elif args.mode == "adaptive":
             spec["enable_adaptive_verification"] = True
     llm = in_process_llm(spec, max_num_seqs=16, enable_prefix_caching=False)
     if spec is not None:
         _install_drafter(llm)
     tok = llm.get_tokenizer()
     chats = [p["messages"] for p in gsm8k_heldout()[:8]] + [p["messages"] for p in humaneval()[:8]]
-    prompts = [{"prompt_token_ids": encode_chat(tok, m)} for m in chats][: args.batch]
+    prompts = [{"prompt_token_ids": encode_chat(tok, m)}
+               for m in chats][args.offset: args.offset + args.batch]
     params = SamplingParams(temperature=0, max_tokens=args.max_tokens, ignore_eos=True)
     llm.generate(prompts, params, use_tqdm=False)  # warm-up
     for rep in range(args.repeats):
@@ -130,6 +134,19 @@ def main(argv=None) -> None:
         row = {"mode": args.mode, "repeat": rep, "wall_s": round(time.perf_counter() - t0, 3)}
         row |= {k: [round(v[0], 4), v[1]] for k, v in sorted(TIMERS.items())}
         print(json.dumps(row), flush=True)
+    sched = _scheduler(llm)
+    if hasattr(sched, "cost_model"):  # the DSpark scheduler: what its budget read and did
+        st = sched.stats
+        print(json.dumps({"mode": args.mode, "cost_alpha_ms": sched.cost_model.cost.alpha * 1e3,
+                          "cost_beta_ms_per_token": sched.cost_model.cost.beta * 1e3,
+                          "cost_refits": sched.cost_model.refits, "drafted": st.drafted,
+                          "admitted": st.admitted, "dropped": st.dropped}), flush=True)
+
+
+def _scheduler(llm):
+    """The engine core's scheduler of an in-process `vllm.LLM` (None if not reachable)."""
+    core = getattr(llm.llm_engine, "engine_core", None)
+    return getattr(getattr(core, "engine_core", None), "scheduler", None)
 
 
 if __name__ == "__main__":
