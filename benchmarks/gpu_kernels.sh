@@ -3,7 +3,9 @@
 # torch + triton on a CUDA machine):
 #   1. the parity tests natively on the GPU (tests/test_kernels.py, `cuda`-marked tests;
 #      python -m kernels.parity --device cuda directly if pytest is not installed),
-#   2. the full micro-benchmark (benchmarks/bench_kernels.py).
+#   2. the full micro-benchmark (benchmarks/bench_kernels.py): single steps eager and as CUDA
+#      graph replays, the top-k path, and whole 7-step draft blocks; BENCH_ARGS="--host" adds
+#      each path's per-call host cost (README, "Triton kernels on a GPU", has one run's results).
 # Results go to $OUT if set, else benchmarks/results/:  kernels_env.txt, kernels_tests.txt,
 # kernels.json, kernels.md, kernels_bench.log.
 # Knobs: PYTHON (interpreter; default .venv/bin/python, else python3), BENCH_ARGS (extra

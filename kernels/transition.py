@@ -27,7 +27,9 @@ from . import checks
 from . import rng_triton as rng
 
 # Tuning constants (sized from sm_90 compiles -- shared memory, registers, spills, see
-# kernels/aot.py -- not yet from timings; benchmarks/bench_kernels.py measures them on a GPU).
+# kernels/aot.py -- not from timings). Timed once on an H200 (benchmarks/bench_kernels.py,
+# README "Triton kernels on a GPU"): at drafter sizes a step is 11-160 us of GPU work and
+# launch-bound, reading at most ~30% of copy bandwidth, so these tiles were left as they are.
 MAX_BLOCK_B = 128  # rows per program: up to B = 128 W2 is read exactly once per step
 MIN_DOT = 16  # tl.dot needs every block dimension >= 16
 MAX_BLOCK_V = 256  # widest vocab tile: long contiguous W2 reads at small batch
