@@ -249,8 +249,10 @@ def bench_host(device):
         paths = {
             "unfused greedy": lambda: unfused(u, prev, w1, w2, 0.0, gen),
             "kernels.transition_argmax": lambda: kernels.transition_argmax(u, prev, w1, w2),
-            "wrapper greedy (transition_step_triton)": lambda: transition_step_triton(
-                u, prev, w1, w2, zf, zi, zi),
+            "wrapper greedy, one launch": lambda: transition_step_triton(
+                u, prev, w1, w2, zf, zi, zi, fused_combine=True),
+            "wrapper greedy, two launches": lambda: transition_step_triton(
+                u, prev, w1, w2, zf, zi, zi, fused_combine=False),
             "unfused sample": lambda: unfused(u, prev, w1, w2, 1.0, gen),
             "kernels.transition_step (probs)": lambda: kernels.transition_step(
                 u, prev, w1, w2, t, seed, pos, want_probs=True),
@@ -259,7 +261,9 @@ def bench_host(device):
         }
         for path, fn in paths.items():
             issue, done = host_us(fn, 300 if "block" in path else 2000)
-            yield dict(shape=name, B=b, path=path, issue_us=issue, done_us=done)
+            graph = time_graph(path, fn) if path.startswith("wrapper") else None
+            yield dict(shape=name, B=b, path=path, issue_us=issue, done_us=done,
+                       graph_us=None if graph is None else graph * 1e3)
 
 
 def markdown(report) -> str:
@@ -314,9 +318,12 @@ def markdown(report) -> str:
     if report.get("host"):
         lines += ["", "Host cost per call, eager, back-to-back (issue = the Python and launch "
                   "work; done = until the GPU finished):", "",
-                  "| shape | B | path | issue µs | done µs |", "|---|---|---|---|---|"]
+                  "| shape | B | path | issue µs | done µs | CUDA graph µs |",
+                  "|---|---|---|---|---|---|"]
         lines += [f"| {h['shape']} | {h['B']} | {h['path']} | {h['issue_us']:.1f} | "
-                  f"{h['done_us']:.1f} |" for h in report["host"]]
+                  f"{h['done_us']:.1f} | "
+                  f"{'-' if h.get('graph_us') is None else format(h['graph_us'], '.1f')} |"
+                  for h in report["host"]]
     if report.get("graph_failures"):
         lines += ["", "Not captured in a CUDA graph (eager timings only):", ""]
         lines += [f"- {k}: {v}" for k, v in report["graph_failures"].items()]

@@ -99,9 +99,11 @@ def main(argv=None) -> None:
     p.add_argument("--offset", type=int, default=0,
                    help="first prompt of the 16 (0-7 GSM8K, 8-15 HumanEval)")
     args = p.parse_args(argv)
-    if not 1 <= args.batch <= 16 - max(args.offset, 0) or args.offset < 0:
-        p.error(f"--batch {args.batch} --offset {args.offset}: the prompt set holds 16, so "
-                "use offset >= 0 and offset + batch <= 16")
+    if not 0 <= args.offset <= 15:
+        p.error(f"--offset {args.offset}: use 0 to 15 (the prompt set holds 16)")
+    if not 1 <= args.batch <= 16 - args.offset:
+        p.error(f"--batch {args.batch}: use 1 to {16 - args.offset} (the prompt set holds 16"
+                + (f", from prompt {args.offset})" if args.offset else ")"))
     if args.mode in ("fixed", "adaptive") and not 1 <= args.k <= 7:
         p.error(f"--k {args.k}: use 1 to 7 (the bundled drafter's block; mode k0 drafts none)")
     from vllm import SamplingParams

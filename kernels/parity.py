@@ -82,13 +82,29 @@ def check_dense(device, gen):
             want = reference.transition_step_ref(**x, want_probs=True)
             many = plan(b, v, r, x["w1"].element_size(), torch.device(device), block_v=16,
                         num_splits=5)  # many small tiles and splits, besides the default
-            for cfg, want_probs in ((None, True), (None, False), (many, True)):
+            # one launch (the splits merged by the last program) and two (a combine launch);
+            # the launches run back to back, so a counter not re-armed poisons the next
+            for cfg, want_probs, fused in ((None, True, True), (None, False, True),
+                                           (many, True, True), (many, False, False),
+                                           (None, True, False)):
                 out, probs = _poisoned(b, device, v if want_probs else None)
                 got = transition_step_triton(**x, want_probs=want_probs, out_probs=probs,
-                                             out=out, config=cfg)
+                                             out=out, config=cfg, fused_combine=fused)
                 exp = want if want_probs else (*want[:3], None)
-                tag = f"B={b} V={v} r={r} {dtype} sampled={sampled} probs={want_probs} {cfg}"
+                tag = (f"B={b} V={v} r={r} {dtype} sampled={sampled} probs={want_probs} "
+                       f"fused={fused} {cfg}")
                 bad.append(_compare(tag, got, exp, TOL[dtype]))
+    # more splits than one merge chunk holds (COMBINE_ELEMS / BLOCK_B = 128 at B = 17)
+    b, v, r, dtype = 17, 4000, 8, torch.float32
+    wide = plan(b, v, r, 4, torch.device(device), block_v=16, num_splits=250)
+    for sampled in (False, True):
+        x = _inputs(b, v, r, dtype, device, sampled, gen)
+        want = reference.transition_step_ref(**x)
+        for fused in (True, False):
+            out, _ = _poisoned(b, device)
+            got = transition_step_triton(**x, out=out, config=wide, fused_combine=fused)
+            bad.append(_compare(f"B={b} V={v} S={wide.num_splits} sampled={sampled} "
+                                f"fused={fused}", got, want[:3], TOL[dtype]))
     return [m for m in bad if m]
 
 

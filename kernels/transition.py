@@ -8,7 +8,11 @@ Layout (flash-decoding style, deterministic):
            fp32 accumulation), then folds them into a running max / sum-exp (online softmax)
            and a running best (argmax or Gumbel-max) score.  W2 is streamed once per batch
            tile: once for the whole batch while B <= BLOCK_B (128, or 64 when r * elem > 512 B).
-  combine  grid (B / rows,): merges the per-split partials into token, logprob, lse.
+  combine  merges the per-split partials into token, logprob, lse. Fused (eager launches
+           of up to 32 rows, FUSED_COMBINE): the last pass-1 program of each batch tile to
+           finish -- a per-tile arrival counter, re-armed by that program -- merges its rows,
+           so the step is one launch (an eager launch costs the host more than a drafter-sized
+           step's GPU work). Otherwise a second launch over (B / rows,) programs.
   pass 2   (want_probs only) same grid as pass 1, recomputes the logits and writes
            exp(z - lse).  At t = 0 this row is softmax(logits), not the one-hot greedy choice.
 The math is the torch reference `kernels.reference.transition_step_ref`.
@@ -40,6 +44,14 @@ W1_BLOCK_BYTES = 64 * 1024  # W1[prev] block kept for the whole program (smem / 
 W2_TILE_BYTES = 32 * 1024  # one W2 tile; the loop pipeline keeps ~3 in flight in smem
 MAX_RANK = 512  # r is reduced by one tl.dot per tile (K = next_pow2(r))
 COMBINE_ELEMS = 4096  # partials merged per combine program: 16 values/thread at 4 warps
+# Merge the splits in pass 1's last program per batch tile (one launch) when launched eagerly
+# and the tile holds at most FUSE_MAX_ROWS rows. H200, bundled drafter's shape: eagerly the host
+# issued a step in 71-86 us fused against 86-92 us in two launches (B = 1, 32), its GPU work
+# (9-25 us) hidden behind that; the merge's own GPU time doubles it (9 -> 19 us at B = 1), and at
+# 128 rows one program merging them costs 4x the combine launch (a 7-step block 0.54 vs 0.14 ms
+# under a CUDA graph). Under graph capture the launch costs the host nothing: two launches.
+FUSED_COMBINE = True
+FUSE_MAX_ROWS = 32
 PROGRAMS_PER_SM = 4  # vocab splits fill the GPU ~4 programs deep to keep HBM loads in flight
 FP32_DOT_PRECISION = "ieee"  # exact fp32 products: "tf32" would cost ~1e-3 in the logits
 # Triton 3.9's interpreter multiplies bf16 dot operands as their raw uint16 bits; under it the
@@ -114,10 +126,11 @@ def _pass1_kernel(u_ptr, stride_u, prev_ptr, w1_ptr, stride_w1, w2_ptr, stride_w
                   temp_ptr, seed_ptr, pos_ptr,
                   part_f_ptr,  # [4, B, S] float32: running max, sum-exp, best score, z at best
                   part_i_ptr,  # [B, S] int32: vocab id of the best score
-                  B, V, S, tiles_per_split,
+                  count_ptr,  # [batch tiles] int32 arrival counters, zero between launches
+                  token_ptr, logprob_ptr, lse_ptr, B, V, S, tiles_per_split,
                   R: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_V: tl.constexpr,
                   BLOCK_R: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                  DOT_UPCAST: tl.constexpr):
+                  DOT_UPCAST: tl.constexpr, FUSE: tl.constexpr, BLOCK_S: tl.constexpr):
     pid_b = tl.program_id(0)
     pid_s = tl.program_id(1)
     rows = pid_b * BLOCK_B + tl.arange(0, BLOCK_B)
@@ -164,33 +177,66 @@ def _pass1_kernel(u_ptr, stride_u, prev_ptr, w1_ptr, stride_w1, w2_ptr, stride_w
     tl.store(part_f_ptr + 2 * plane + offs, best, mask=row_ok)
     tl.store(part_f_ptr + 3 * plane + offs, best_z, mask=row_ok)
     tl.store(part_i_ptr + offs, best_id, mask=row_ok)
+    if FUSE:
+        # Release this program's partials, count its arrival; the tile's last arrival
+        # (acquire: it sees every other program's partials) merges them and re-arms the
+        # counter for the next launch on this stream.
+        tl.debug_barrier()
+        arrived = tl.atomic_add(count_ptr + pid_b, 1, sem="acq_rel")
+        if arrived == S - 1:
+            tl.debug_barrier()
+            _merge_splits(part_f_ptr, part_i_ptr, token_ptr, logprob_ptr, lse_ptr, rows,
+                          row_ok, B, S, BLOCK_S)
+            tl.atomic_xchg(count_ptr + pid_b, 0)
+
+
+@triton.jit
+def _merge_splits(part_f_ptr, part_i_ptr, token_ptr, logprob_ptr, lse_ptr, rows, row_ok, B, S,
+                  BLOCK_S: tl.constexpr):
+    """The rows' S partials -> token, logprob, lse, BLOCK_S splits at a time (online: the
+    running max rescales the running sum; ties keep the first split, the lowest vocab ids).
+    Loads bypass L1 (.cg): the partials were written by other programs of this launch."""
+    plane = B * S
+    m_run = tl.full(rows.shape, float("-inf"), tl.float32)
+    s_run = tl.zeros(rows.shape, tl.float32)
+    best = tl.full(rows.shape, float("-inf"), tl.float32)
+    z_best = tl.full(rows.shape, float("-inf"), tl.float32)
+    id_best = tl.zeros(rows.shape, tl.int32)
+    for j0 in range(0, S, BLOCK_S):
+        j = j0 + tl.arange(0, BLOCK_S)
+        ok = row_ok[:, None] & (j < S)[None, :]
+        offs = rows[:, None] * S + j[None, :]
+        m = tl.load(part_f_ptr + offs, mask=ok, other=float("-inf"), cache_modifier=".cg")
+        s = tl.load(part_f_ptr + plane + offs, mask=ok, other=0.0, cache_modifier=".cg")
+        score = tl.load(part_f_ptr + 2 * plane + offs, mask=ok, other=float("-inf"),
+                        cache_modifier=".cg")
+        z = tl.load(part_f_ptr + 3 * plane + offs, mask=ok, other=float("-inf"),
+                    cache_modifier=".cg")
+        ids = tl.load(part_i_ptr + offs, mask=ok, other=0, cache_modifier=".cg")
+        m_new = tl.maximum(m_run, tl.max(m, 1))
+        shift = tl.where(m_new == float("-inf"), 0.0, m_new)
+        s_run = s_run * tl.exp(m_run - shift) + tl.sum(s * tl.exp(m - shift[:, None]), 1)
+        m_run = m_new
+        chunk_best, win = tl.max(score, 1, return_indices=True,
+                                 return_indices_tie_break_left=True)
+        here = (j - j0)[None, :] == win[:, None]  # the first split holding the chunk's best
+        better = chunk_best > best  # strict: an earlier chunk keeps a tie
+        best = tl.where(better, chunk_best, best)
+        z_best = tl.where(better, tl.max(tl.where(here, z, float("-inf")), 1), z_best)
+        id_best = tl.where(better, tl.sum(tl.where(here, ids, 0), 1), id_best)
+    shift = tl.where(m_run == float("-inf"), 0.0, m_run)
+    lse = shift + tl.log(tl.where(row_ok, s_run, 1.0))  # (padding rows: no log(0) warning)
+    tl.store(token_ptr + rows, id_best.to(tl.int64), mask=row_ok)
+    tl.store(logprob_ptr + rows, z_best - lse, mask=row_ok)
+    tl.store(lse_ptr + rows, lse, mask=row_ok)
 
 
 @triton.jit
 def _combine_kernel(part_f_ptr, part_i_ptr, token_ptr, logprob_ptr, lse_ptr, B, S,
                     BLOCK_ROWS: tl.constexpr, BLOCK_S: tl.constexpr):
     rows = tl.program_id(0) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
-    row_ok = rows < B
-    j = tl.arange(0, BLOCK_S)
-    ok = row_ok[:, None] & (j < S)[None, :]
-    offs = rows[:, None] * S + j[None, :]
-    plane = B * S
-    m = tl.load(part_f_ptr + offs, mask=ok, other=float("-inf"))
-    s = tl.load(part_f_ptr + plane + offs, mask=ok, other=0.0)
-    score = tl.load(part_f_ptr + 2 * plane + offs, mask=ok, other=float("-inf"))
-    z = tl.load(part_f_ptr + 3 * plane + offs, mask=ok, other=float("-inf"))
-    ids = tl.load(part_i_ptr + offs, mask=ok, other=0)
-    m_max = tl.max(m, 1)
-    shift = tl.where(m_max == float("-inf"), 0.0, m_max)
-    total = tl.sum(s * tl.exp(m - shift[:, None]), 1)
-    lse = shift + tl.log(tl.where(row_ok, total, 1.0))  # (padding rows: no log(0) warning)
-    _, win = tl.max(score, 1, return_indices=True, return_indices_tie_break_left=True)
-    here = j[None, :] == win[:, None]  # the first split holding the best score
-    token = tl.sum(tl.where(here, ids, 0), 1)
-    z_win = tl.max(tl.where(here, z, float("-inf")), 1)
-    tl.store(token_ptr + rows, token.to(tl.int64), mask=row_ok)
-    tl.store(logprob_ptr + rows, z_win - lse, mask=row_ok)
-    tl.store(lse_ptr + rows, lse, mask=row_ok)
+    _merge_splits(part_f_ptr, part_i_ptr, token_ptr, logprob_ptr, lse_ptr, rows, rows < B, B, S,
+                  BLOCK_S)
 
 
 @triton.jit
@@ -220,6 +266,21 @@ def _probs_kernel(u_ptr, stride_u, prev_ptr, w1_ptr, stride_w1, w2_ptr, stride_w
                  mask=row_ok[:, None] & col_ok[None, :])
 
 
+_counters: dict[tuple, torch.Tensor] = {}
+
+
+def _arrival_counters(device: torch.device, tiles: int) -> torch.Tensor:
+    """Zeroed int32 arrival counters, one per batch tile, kept per (device, stream): the
+    kernel re-arms them itself, so launches in order on one stream (or one CUDA graph's
+    replays) share them without a memset launch each step."""
+    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
+    key = (device, stream)
+    buf = _counters.get(key)
+    if buf is None or buf.numel() < tiles:
+        buf = _counters[key] = torch.zeros(max(tiles, 64), dtype=torch.int32, device=device)
+    return buf
+
+
 def transition_step_triton(
     base_logits: torch.Tensor,  # [B, V] U_k, float32 / bfloat16 / float16
     prev_ids: torch.Tensor,  # [B] int64 target-vocabulary id of x_{k-1}
@@ -233,6 +294,7 @@ def transition_step_triton(
     *,
     out: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
     config: Plan | None = None,
+    fused_combine: bool | None = None,  # None: by FUSED_COMBINE's rule (eager, <= 32 rows)
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """-> token [B] int64, logprob [B] f32, lse [B] f32, probs [B, V] f32 or None."""
     b, v = base_logits.shape
@@ -262,14 +324,24 @@ def transition_step_triton(
     grid = (triton.cdiv(b, cfg.block_b), cfg.num_splits)
     part_f = checks.scratch((4, b, cfg.num_splits), torch.float32, dev)
     part_i = checks.scratch((b, cfg.num_splits), torch.int32, dev)
+    fuse = fused_combine
+    if fuse is None:
+        fuse = FUSED_COMBINE and cfg.block_b <= FUSE_MAX_ROWS and not (
+            dev.type == "cuda" and torch.cuda.is_current_stream_capturing())
+    counters = _arrival_counters(dev, grid[0]) if fuse else part_i  # (unread when not fused)
+    # fused: the merging program holds BLOCK_B rows, so it takes COMBINE_ELEMS / BLOCK_B splits
+    # at a time; unfused: as many rows per program as COMBINE_ELEMS allows
+    block_s = min(checks.next_pow2(cfg.num_splits),
+                  max(1, COMBINE_ELEMS // cfg.block_b) if fuse else 1 << 30)
     _pass1_kernel[grid](base_logits, base_logits.stride(0), prev_ids, w1, w1.stride(0), w2,
-                        w2.stride(0), temperature, seed, position, part_f, part_i, b, v,
-                        cfg.num_splits, cfg.tiles_per_split, **consts)
-    block_s = checks.next_pow2(cfg.num_splits)
-    block_rows = min(checks.next_pow2(b), max(1, COMBINE_ELEMS // block_s))
-    _combine_kernel[(triton.cdiv(b, block_rows),)](part_f, part_i, token, logprob, lse, b,
-                                                   cfg.num_splits, BLOCK_ROWS=block_rows,
-                                                   BLOCK_S=block_s)
+                        w2.stride(0), temperature, seed, position, part_f, part_i, counters,
+                        token, logprob, lse, b, v, cfg.num_splits, cfg.tiles_per_split,
+                        FUSE=fuse, BLOCK_S=block_s, **consts)
+    if not fuse:
+        block_rows = min(checks.next_pow2(b), max(1, COMBINE_ELEMS // block_s))
+        _combine_kernel[(triton.cdiv(b, block_rows),)](part_f, part_i, token, logprob, lse, b,
+                                                       cfg.num_splits, BLOCK_ROWS=block_rows,
+                                                       BLOCK_S=block_s)
     if want_probs:
         _probs_kernel[grid](base_logits, base_logits.stride(0), prev_ids, w1, w1.stride(0), w2,
                             w2.stride(0), temperature, lse, probs, probs.stride(0), b, v,

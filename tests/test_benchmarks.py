@@ -254,7 +254,11 @@ def test_serving_sweep_quick(tmp_path):
 
 
 @pytest.mark.parametrize("argv, bad", [(["fixed", "--batch", "0"], "--batch 0: use 1 to 16"),
-                                       (["fixed", "--k", "9"], "--k 9: use 1 to 7")])
+                                       (["fixed", "--k", "9"], "--k 9: use 1 to 7"),
+                                       (["adaptive", "--k", "0"], "--k 0: use 1 to 7"),
+                                       (["plain", "--offset", "16"], "--offset 16: use 0 to 15"),
+                                       (["plain", "--offset", "12", "--batch", "8"],
+                                        "--batch 8: use 1 to 4")])
 def test_engine_profile_refuses_a_bad_size_by_name(argv, bad, capsys):
     from benchmarks.engine_profile import main
 
