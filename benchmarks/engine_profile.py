@@ -12,6 +12,8 @@ as one JSON line {timer: [seconds, calls]}. The timers wrap whole methods, so ne
 overlap (runner.execute_model contains the target forward; runner.sample_tokens contains
 the draft pass, proposer.propose; that contains drafter.forward, the drafter's context K/V
 and block pass, and proposer._sample_draft_tokens, its LM head and sequential loop).
+With VLLM_ENABLE_V1_MULTIPROCESSING=1 the engine core runs in its own process, as under
+`vllm serve`; then only each pass's wall time is measured.
 """
 
 from __future__ import annotations
@@ -51,7 +53,10 @@ def _install_drafter(llm) -> None:
 
     for n in ("set_inputs_first_pass", "build_model_inputs_first_pass", "_sample_draft_tokens"):
         _time(DSparkProposer, n, f"proposer.{n}")
-    drafter = llm.llm_engine.model_executor.driver_worker.worker.model_runner.drafter.model
+    executor = getattr(llm.llm_engine, "model_executor", None)
+    if executor is None:  # VLLM_ENABLE_V1_MULTIPROCESSING=1: the engine core is elsewhere
+        return
+    drafter = executor.driver_worker.worker.model_runner.drafter.model
     for n in ("forward", "combine_hidden_states", "compute_draft_logits"):
         _time(type(drafter), n, f"drafter.{n}")
 
