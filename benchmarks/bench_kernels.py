@@ -72,6 +72,10 @@ def time_cpu(fn) -> float:
     return statistics.median(times) * 1e3
 
 
+def timer_for(device: str):
+    return time_cuda if device == "cuda" else time_cpu
+
+
 def time_cuda(fn) -> float:
     import triton.testing
 
@@ -119,7 +123,7 @@ def inputs(b, v, r, dtype, device):
 def bench_config(b, v, r, dtype, device, copy_gbps):
     """One row per mode for a [b, v] step of rank r."""
     x = inputs(b, v, r, dtype, device)
-    timer = time_cuda if device == "cuda" else time_cpu
+    timer = timer_for(device)
     rows = []
     for mode, temperature in MODES.items():
         x["temperature"] = torch.full((b,), temperature, device=device)
@@ -197,7 +201,7 @@ def block_loop(x, fused: bool, greedy: bool, gen):
 
 
 def bench_blocks(device):
-    timer = time_cuda if device == "cuda" else time_cpu
+    timer = timer_for(device)
     for name, vd, vt, r, dtype in BLOCK_SHAPES:
         for b in BLOCK_BATCH:
             x = block_inputs(b, vd, vt, r, dtype, device)
@@ -346,14 +350,23 @@ def save(report, out: Path) -> None:
     out.with_name(out.name + ".md").write_text(markdown(report))
 
 
+def step_rows(grid, device, copy_gbps):
+    for dtype in grid["dtype"]:
+        for r in grid["rank"]:
+            for v in grid["vocab"]:
+                for b in grid["batch"]:
+                    yield from bench_config(b, v, r, dtype, device, copy_gbps)
+                    if device == "cuda":
+                        torch.cuda.empty_cache()
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="tiny sizes (a smoke run, < 1 min)")
     ap.add_argument("--out", default="benchmarks/results/kernels",
                     help="output path without suffix: writes <out>.json and <out>.md")
-    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--blocks-first", action="store_true",
-                    help="time the draft-block loops before the single-step grid")
+    ap.add_argument("--device", choices=("cuda", "cpu"),
+                    default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--no-blocks", action="store_true", help="skip the draft-block loops")
     ap.add_argument("--no-steps", action="store_true", help="skip the single-step grid")
     ap.add_argument("--host", action="store_true",
@@ -361,10 +374,14 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=None,
                     help="torch CPU threads (default: torch's; use 1 on a busy host)")
     args = ap.parse_args(argv)
+    device = args.device
+    if device == "cuda" and not torch.cuda.is_available():
+        ap.error("--device cuda: torch sees no CUDA device here; use --device cpu")
+    if args.host and device != "cuda":
+        ap.error("--host times CUDA launches: it needs --device cuda")
     if args.threads:
         torch.set_num_threads(args.threads)
     grid = QUICK if args.quick else FULL
-    device = args.device
     if device == "cuda":
         name = torch.cuda.get_device_name()
         copy_gbps = copy_bandwidth()
@@ -376,37 +393,14 @@ def main(argv=None) -> int:
                   rows=[], blocks=[], host=[], graph_failures=_graph_failures)
     out = Path(args.out)
     out = out.with_suffix("") if out.suffix in (".json", ".md") else out
-
-    if args.host and device == "cuda":
-        for row in bench_host(device):
-            report["host"].append(row)
+    parts = (("host", args.host, lambda: bench_host(device)),
+             ("rows", not args.no_steps, lambda: step_rows(grid, device, copy_gbps)),
+             ("blocks", not (args.no_blocks or args.quick), lambda: bench_blocks(device)))
+    for key, wanted, rows in parts:
+        for row in rows() if wanted else ():
+            report[key].append(row)
             print(json.dumps(row), flush=True)
-        save(report, out)
-
-    def steps():
-        if args.no_steps:
-            return
-        for dtype in grid["dtype"]:
-            for r in grid["rank"]:
-                for v in grid["vocab"]:
-                    for b in grid["batch"]:
-                        for row in bench_config(b, v, r, dtype, device, copy_gbps):
-                            report["rows"].append(row)
-                            print(json.dumps(row), flush=True)
-                        if device == "cuda":
-                            torch.cuda.empty_cache()
-                        save(report, out)
-
-    def blocks():
-        if args.no_blocks or args.quick:
-            return
-        for row in bench_blocks(device):
-            report["blocks"].append(row)
-            print(json.dumps(row), flush=True)
-            save(report, out)
-
-    for part in ((blocks, steps) if args.blocks_first else (steps, blocks)):
-        part()
+            save(report, out)  # a cut-off run keeps every row it measured
     save(report, out)
     print(markdown(report))
     return 0

@@ -109,7 +109,8 @@ def main(argv=None) -> None:
     if not 1 <= args.batch <= 16 - args.offset:
         p.error(f"--batch {args.batch}: use 1 to {16 - args.offset} (the prompt set holds 16"
                 + (f", from prompt {args.offset})" if args.offset else ")"))
-    if args.mode in ("fixed", "adaptive") and not 1 <= args.k <= 7:
+    sized = args.mode in ("fixed", "adaptive")  # the modes --k sizes
+    if sized and not 1 <= args.k <= 7:
         p.error(f"--k {args.k}: use 1 to 7 (the bundled drafter's block; mode k0 drafts none)")
     from vllm import SamplingParams
 
@@ -120,7 +121,7 @@ def main(argv=None) -> None:
     spec = None
     if args.mode != "plain":
         spec = {"method": "dspark", "model": str(BUNDLED_DRAFTER),
-                "num_speculative_tokens": args.k if args.mode in ("fixed", "adaptive") else 7}
+                "num_speculative_tokens": args.k if sized else 7}
         if args.mode == "k0":
             spec["num_speculative_tokens_per_batch_size"] = [[1, 1024, 0]]
         elif args.mode == "adaptive":

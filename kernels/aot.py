@@ -81,11 +81,11 @@ def step_kernels(b: int, v: int, r: int, dtype: torch.dtype, cc: int) -> list[tu
                  part_i_ptr="*i32", count_ptr="*i32", token_ptr="*i64", logprob_ptr="*fp32",
                  lse_ptr="*fp32", out_ptr="*fp32")
     tag = f"B={b} V={v} r={r} {d}"
-    block_s = transition.checks.next_pow2(cfg.num_splits)
-    fused_s = min(block_s, max(1, transition.COMBINE_ELEMS // cfg.block_b))  # as the wrapper
+    block_s = transition.merge_block_s(cfg, fused=False)
     return [
         (f"pass1 {tag}", transition._pass1_kernel, types,
-         dict(consts, FUSE=True, BLOCK_S=fused_s), cfg.num_warps),
+         dict(consts, FUSE=True, BLOCK_S=transition.merge_block_s(cfg, fused=True)),
+         cfg.num_warps),
         (f"probs {tag}", transition._probs_kernel, types, consts, cfg.num_warps),
         (f"combine S={cfg.num_splits}", transition._combine_kernel,
          dict(part_f_ptr="*fp32", part_i_ptr="*i32", token_ptr="*i64", logprob_ptr="*fp32",

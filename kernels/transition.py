@@ -266,6 +266,14 @@ def _probs_kernel(u_ptr, stride_u, prev_ptr, w1_ptr, stride_w1, w2_ptr, stride_w
                  mask=row_ok[:, None] & col_ok[None, :])
 
 
+def merge_block_s(cfg: Plan, fused: bool) -> int:
+    """Splits merged at a time. Fused, the merging program holds the tile's BLOCK_B rows, so
+    COMBINE_ELEMS / BLOCK_B of them; unfused, all of them (the combine launch then sizes its
+    rows per program to COMBINE_ELEMS)."""
+    every = checks.next_pow2(cfg.num_splits)
+    return min(every, max(1, COMBINE_ELEMS // cfg.block_b)) if fused else every
+
+
 _counters: dict[tuple, torch.Tensor] = {}
 
 
@@ -329,10 +337,7 @@ def transition_step_triton(
         fuse = FUSED_COMBINE and cfg.block_b <= FUSE_MAX_ROWS and not (
             dev.type == "cuda" and torch.cuda.is_current_stream_capturing())
     counters = _arrival_counters(dev, grid[0]) if fuse else part_i  # (unread when not fused)
-    # fused: the merging program holds BLOCK_B rows, so it takes COMBINE_ELEMS / BLOCK_B splits
-    # at a time; unfused: as many rows per program as COMBINE_ELEMS allows
-    block_s = min(checks.next_pow2(cfg.num_splits),
-                  max(1, COMBINE_ELEMS // cfg.block_b) if fuse else 1 << 30)
+    block_s = merge_block_s(cfg, fuse)
     _pass1_kernel[grid](base_logits, base_logits.stride(0), prev_ids, w1, w1.stride(0), w2,
                         w2.stride(0), temperature, seed, position, part_f, part_i, counters,
                         token, logprob, lse, b, v, cfg.num_splits, cfg.tiles_per_split,

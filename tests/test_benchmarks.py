@@ -285,3 +285,13 @@ def test_kernel_benchmark_quick_on_cpu(tmp_path):
     fused = bench_kernels.block_loop(x, True, True, gen)  # [B, K] target ids
     assert fused.shape == (3, bench_kernels.BLOCK_K)
     assert torch.equal(fused, bench_kernels.block_loop(x, False, True, gen))
+
+
+@pytest.mark.parametrize("argv, bad", [(["--host", "--device", "cpu"], "--host times CUDA"),
+                                       (["--device", "tpu"], "invalid choice: 'tpu'")])
+def test_kernel_benchmark_refuses_a_bad_device_by_name(argv, bad, capsys):
+    from benchmarks import bench_kernels
+
+    with pytest.raises(SystemExit):
+        bench_kernels.main(argv)
+    assert bad in capsys.readouterr().err
