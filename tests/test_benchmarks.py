@@ -1,5 +1,6 @@
 """The benchmark scripts keep working: their --quick modes and the report math."""
 
+import collections
 import json
 
 import pytest
@@ -256,6 +257,7 @@ def test_serving_sweep_quick(tmp_path):
 @pytest.mark.parametrize("argv, bad", [(["fixed", "--batch", "0"], "--batch 0: use 1 to 16"),
                                        (["fixed", "--k", "9"], "--k 9: use 1 to 7"),
                                        (["adaptive", "--k", "0"], "--k 0: use 1 to 7"),
+                                       (["capped", "--k", "8"], "--k 8: use 1 to 7"),
                                        (["plain", "--offset", "16"], "--offset 16: use 0 to 15"),
                                        (["plain", "--offset", "12", "--batch", "8"],
                                         "--batch 8: use 1 to 4")])
@@ -265,6 +267,37 @@ def test_engine_profile_refuses_a_bad_size_by_name(argv, bad, capsys):
     with pytest.raises(SystemExit):  # before any engine starts
         main(argv)
     assert bad in capsys.readouterr().err
+
+
+def test_engine_profile_adds_up_the_timers_of_the_processes_vllm_spawns(tmp_path, monkeypatch):
+    """Under VLLM_ENABLE_V1_MULTIPROCESSING=1 the engine core and the worker each write
+    their totals after every outermost timed call; the profile sums the files it finds,
+    and a nested call writes nothing until the outer one returns."""
+    from benchmarks import engine_profile as ep
+
+    seen = []  # inner calls on file when an inner call starts: only finished outer ones
+
+    class Engine:
+        def step(self):
+            self.inner()
+            return self.inner()
+
+        def inner(self):
+            files = list(tmp_path.glob("*.json"))
+            seen.append(json.loads(files[0].read_text())["core.inner"][1] if files else 0)
+            return 7
+
+    monkeypatch.setattr(ep, "TIMERS", collections.defaultdict(lambda: [0.0, 0]))
+    monkeypatch.setattr(ep, "_dump_dir", tmp_path)
+    monkeypatch.setenv(ep.SPAWNED_DIR_ENV, str(tmp_path))
+    ep._time(Engine, "step", "core.step")
+    ep._time(Engine, "inner", "core.inner")
+    assert [Engine().step() for _ in range(3)] == [7, 7, 7]
+    assert seen == [0, 0, 2, 2, 4, 4]  # the first inner call of a step is not on file yet
+    (tmp_path / "999.json").write_text(json.dumps({"core.step": [1.5, 3]}))  # another process
+    totals = ep._spawned_timers()
+    assert totals["core.step"][1] == 6 and totals["core.inner"][1] == 6
+    assert totals["core.step"][0] >= 1.5
 
 
 def test_kernel_benchmark_quick_on_cpu(tmp_path):
