@@ -15,8 +15,9 @@ requests (a served step log, prefix cache on) the arms read 1.03-1.38x and kept 
 on for runs of 56-160 steps, while the same run's clean steps were level (173.8 vs 173.7
 tok/s) and each drafting run also paid its transitions.
 
-Exploration: a short burst of the other arm every PROBE_EVERY steps, but only where drafting
-is off or neither the prediction nor the arms say it clearly pays, so a quiet engine, where
+Exploration: a short burst of the other arm every PROBE_EVERY steps (PROBE_WARM_EVERY at a
+load the measurement has not judged yet), but only where drafting is off or neither the
+prediction nor the arms say it clearly pays, so a quiet engine, where
 drafting clearly pays, never spends a step finding that out again. A burst that leaves the
 gate's choice at its load unchanged doubles that load's interval (up to PROBE_MAX_EVERY); one
 that changes it resets the interval: a steady busy engine, where bursts keep confirming
@@ -42,6 +43,12 @@ PROBE_EVERY = 32  # steps in one state before a burst of the other: ~1/9 of step
 PROBE_BURST = 4  # steps per burst; the first is a transition (not sampled), 3 clean samples
 PROBE_MAX_EVERY = 512  # the interval's ceiling after confirming bursts: ~40 s at 16 requests
                        # here, so a change in the traffic's predictability is still found
+PROBE_WARM_EVERY = 10  # steps between bursts at a load the measurement has not judged yet:
+                       # 1 transition + PAIR_NEIGHBOURS clean steps before each burst, a
+                       # margin of 3. At PROBE_EVERY a verdict needs 3+ bursts, ~110+ steps,
+                       # run on the prediction alone (at 16 requests: drafting at a loss for
+                       # 200+ steps of each new server, 0.87-0.92x plain in its first minute)
+WARM_BURSTS = 8  # such bursts per load at most, then PROBE_EVERY: a true tie stays unjudged
 EXPLORE_MARGIN = 1.3  # predicted gains above this are not worth re-checking (c=1: ~2-3x)
 MEASURED_SURE = 1.5  # nor measured ones above this (c=1 on this CPU: 37 vs 17 tok/s). Higher
                      # than EXPLORE_MARGIN: at 16 requests the arms read 1.35x where the
@@ -164,8 +171,11 @@ class Explorer:
 
     def __init__(self, every: int = PROBE_EVERY, burst: int = PROBE_BURST,
                  margin: float = EXPLORE_MARGIN, measured_margin: float = MEASURED_SURE,
-                 max_every: int = PROBE_MAX_EVERY) -> None:
+                 max_every: int = PROBE_MAX_EVERY, warm_every: int = PROBE_WARM_EVERY,
+                 warm_bursts: int = WARM_BURSTS) -> None:
         self.every, self.burst, self.max_every = every, burst, max(max_every, every)
+        self.warm_every, self.warm_bursts = min(warm_every, every), warm_bursts
+        self.warm: dict[int, int] = {}  # load bucket -> bursts it had before being judged
         self.margin, self.measured_margin = margin, measured_margin
         self.streak = 0  # steps since the last burst ended
         self.left = 0  # steps left in the current burst
@@ -176,11 +186,13 @@ class Explorer:
         self._probe: tuple[int, bool] | None = None  # the running burst: (bucket, choice before)
 
     def decide(self, on: bool, gain: float, measured: float | None = None,
-               batch: int = 0) -> bool:
+               batch: int = 0, judged: bool = True) -> bool:
         """The state the next step runs in: `on` (the gate's choice) or, in a burst, not on.
         Drafting off is always re-checked; drafting on only where neither the predicted
         `gain` (< margin) nor the `measured` one (< measured_margin, None: unmeasured) is
-        sure. `batch`: the running requests, whose bucket keeps its own interval."""
+        sure. `batch`: the running requests, whose bucket keeps its own interval.
+        `judged`: whether the measured verdict at this load is in (False: bursts come every
+        warm_every steps, up to warm_bursts of them, so it comes in sooner)."""
         self.probing = bool(self.left)
         if self.left:
             self.left -= 1
@@ -195,9 +207,13 @@ class Explorer:
         self.streak += 1
         sure = gain >= self.margin or (measured is not None and measured >= self.measured_margin)
         unsure = not on or not sure
-        if unsure and self.streak >= self.interval.get(key, self.every):
+        warming = not judged and self.warm.get(key, 0) < self.warm_bursts
+        if unsure and self.streak >= (self.warm_every if warming else
+                                      self.interval.get(key, self.every)):
             self.streak, self.left, self.arm = 0, self.burst - 1, not on
             self.bursts += 1
+            if warming:
+                self.warm[key] = self.warm.get(key, 0) + 1
             self._probe = (key, on)
             self.probing = True
             return self.arm

@@ -145,11 +145,13 @@ class DSparkScheduler(LedgerScheduler):
         # switch drafting off for a quiet engine where it clearly pays. Where the arms are
         # unsure too (verdict None), the prediction must clear the tie margin: a drafting
         # run pays transitions neither cost line sees.
-        measured = self.measure.verdict(num_running) if gain < EXPLORE_MARGIN else None
+        verdict = self.measure.verdict(num_running)
+        measured = verdict if gain < EXPLORE_MARGIN else None
         chosen = measured if measured is not None else gain > 1.0 + TIE_MARGIN
         # A clear measured win is not re-checked either: each burst at one request costs
-        # half its steps' tokens.
-        on = self.explorer.decide(chosen, gain, self.measure.gain(num_running), num_running)
+        # half its steps' tokens. Until a load is judged, its bursts come sooner.
+        on = self.explorer.decide(chosen, gain, self.measure.gain(num_running), num_running,
+                                  judged=verdict is not None)
         self.draft_len = self.stats.draft_len = length if on else 0
         # What set this state, counted per step (status, /metrics): where drafting ran on
         # a prediction the arms never confirmed, or on exploration alone, shows here.

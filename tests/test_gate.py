@@ -121,6 +121,32 @@ def test_bursts_back_off_while_they_confirm_the_choice_and_reset_when_it_changes
     assert ex.interval == {16: 16, 4: 8}
 
 
+def test_bursts_come_sooner_until_the_load_is_judged_and_at_most_warm_bursts_times():
+    def starts(ex, steps, judged, batch=16):
+        out, prev = [], False
+        for i in range(steps):
+            state = ex.decide(True, 1.1, batch=batch, judged=judged(i))  # on, only just
+            if not state and prev:
+                out.append(i)
+            prev = state
+        return out
+
+    # Judged: the usual interval (every = max_every = 20).
+    def explorer():
+        return Explorer(every=20, burst=2, max_every=20, warm_every=5, warm_bursts=3)
+
+    assert starts(explorer(), 70, lambda i: True) == [19, 40, 61]
+    # Not judged yet: every 5 steps after a burst, three times, then every 20.
+    ex = explorer()
+    assert starts(ex, 70, lambda i: False) == [4, 10, 16, 37, 58] and ex.warm == {16: 3}
+    # Judged after the second warm burst: back to the usual interval at once.
+    ex = explorer()
+    assert starts(ex, 70, lambda i: i > 12) == [4, 10, 31, 52] and ex.warm == {16: 2}
+    # Each load warms on its own: 4 requests, not judged, get their own warm bursts.
+    starts(ex, 10, lambda i: False, batch=4)
+    assert ex.warm == {16: 2, 4: 2}
+
+
 def test_a_burst_keeps_its_arm_when_the_verdict_flips_mid_burst():
     ex = Explorer(every=2, burst=3)
     assert ex.decide(False, 0.5) is False
@@ -308,6 +334,29 @@ def test_a_clear_measured_win_is_not_re_checked():
     # Measured 35% ahead (what the arms read at 16 requests where the ledger saw a tie):
     # still re-checked in bursts.
     assert drafted_share(23.0, 17.0) < 0.9
+
+
+def test_the_scheduler_explores_sooner_where_the_load_is_not_judged():
+    from dspark_vllm.scheduler import DSparkScheduler
+
+    plan = DSparkScheduler._plan_next_draft
+    p = next(p / 100 for p in range(20, 100)  # confidences the prediction is unsure of
+             if 1.0 < plan_draft([survival([p / 100] * 7)] * 8, [], 1, COST, DRAFT, 10_000,
+                                 7)[1] < 1.3)
+
+    def bursts(measured: bool) -> int:
+        fake = _fake_scheduler([survival([p] * 7)] * 8)
+        fake.explorer = Explorer(every=40, burst=2, warm_every=5, warm_bursts=3)
+        if measured:  # a level reading: drafting does not pay here, and that is sure
+            fake.rates.observe(1, True, 17, 1.0)
+            fake.rates.observe(1, False, 17, 1.0)
+            assert fake.rates.verdict(1) is False
+        for _ in range(30):
+            plan(fake, [], [], 1, 10_000)
+        return fake.explorer.bursts
+
+    assert bursts(measured=False) == 3  # warm bursts, 5 steps apart
+    assert bursts(measured=True) == 0  # judged: the first burst is 40 steps away
 
 
 def test_an_unmeasured_prediction_must_clear_the_tie_margin():
