@@ -48,7 +48,6 @@ PROBE_WARM_EVERY = 10  # steps between bursts at a load the measurement has not 
                        # margin of 3. At PROBE_EVERY a verdict needs 3+ bursts, ~110+ steps,
                        # run on the prediction alone (at 16 requests: drafting at a loss for
                        # 200+ steps of each new server, 0.87-0.92x plain in its first minute)
-WARM_BURSTS = 8  # such bursts per load at most, then PROBE_EVERY: a true tie stays unjudged
 EXPLORE_MARGIN = 1.3  # predicted gains above this are not worth re-checking (c=1: ~2-3x)
 MEASURED_SURE = 1.5  # nor measured ones above this (c=1 on this CPU: 37 vs 17 tok/s). Higher
                      # than EXPLORE_MARGIN: at 16 requests the arms read 1.35x where the
@@ -65,6 +64,10 @@ PAIR_NEIGHBOURS = 6  # the gate's own clean steps just before a burst that it is
 PAIR_FRESH = 48  # steps: older neighbours are stale (the batch's mix has moved on)
 PAIRS_KEPT = 16  # recent paired bursts per load: ~16 x 4 burst steps, still follows drift
 MIN_PAIRS = 3  # paired bursts before their mean is trusted
+WARM_BURSTS = MIN_PAIRS + 1  # PROBE_WARM_EVERY bursts per load at most (one may not pair),
+    # then PROBE_EVERY: where a few pairs cannot settle it, they would only cost. At one
+    # request (pairs ~25% noise) eight never did: 24-36 undrafted burst steps an instance
+    # against 16 (2026-12-04); at 16 requests 3-5 pairs were enough
 
 
 # Student's t at 97.5% by degrees of freedom (1-15: PAIRS_KEPT pairs at most); 1.96 beyond.

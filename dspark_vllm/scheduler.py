@@ -229,7 +229,9 @@ class DSparkScheduler(LedgerScheduler):
                          "decided_by": {k: {"undrafted": v[0], "drafted": v[1]}
                                         for k, v in sorted(self.decided_by.items())},
                          "exploration_every": {str(b): n for b, n in
-                                               sorted(self.explorer.interval.items())}},
+                                               sorted(self.explorer.interval.items())},
+                         "warm_bursts_by_batch": {str(b): n for b, n in
+                                                  sorted(self.explorer.warm.items())}},
                 "fallback_acceptance": self.estimator.rates(self.max_drafts),
                 "confidence_drift": None if self.drift is None else self.drift.ratios(),
                 "tracked_requests": len(self._admitted)}

@@ -352,6 +352,11 @@ def test_status_view_and_metrics(adaptive):
     decided = status["status"]["gate"]["decided_by"]
     assert set(decided) <= {"prediction", "verdict", "exploration"}, decided
     assert sum(v["drafted"] for v in decided.values()) > 0, decided
+    # Bursts spent judging a new load sooner: per load bucket, never past the cap.
+    from dspark_vllm.gate import WARM_BURSTS
+
+    warm = status["status"]["gate"]["warm_bursts_by_batch"]
+    assert all(0 < n <= WARM_BURSTS for n in warm.values()), warm
     # The step ledger saw the prompts' prefill steps and the drafted decode steps.
     kinds = status["status"]["steps_by_kind"]
     assert sum(k["prefill_tokens"] for k in kinds.values()) > 0, kinds
