@@ -16,7 +16,7 @@ on for runs of 56-160 steps, while the same run's clean steps were level (173.8 
 tok/s) and each drafting run also paid its transitions.
 
 Exploration: a short burst of the other arm every PROBE_EVERY steps (PROBE_WARM_EVERY at a
-load the measurement has not judged yet), but only where drafting is off or neither the
+busy load the measurement has not judged yet), but only where drafting is off or neither the
 prediction nor the arms say it clearly pays, so a quiet engine, where
 drafting clearly pays, never spends a step finding that out again. A burst that leaves the
 gate's choice at its load unchanged doubles that load's interval (up to PROBE_MAX_EVERY); one
@@ -65,9 +65,13 @@ PAIR_FRESH = 48  # steps: older neighbours are stale (the batch's mix has moved 
 PAIRS_KEPT = 16  # recent paired bursts per load: ~16 x 4 burst steps, still follows drift
 MIN_PAIRS = 3  # paired bursts before their mean is trusted
 WARM_BURSTS = MIN_PAIRS + 1  # PROBE_WARM_EVERY bursts per load at most (one may not pair),
-    # then PROBE_EVERY: where a few pairs cannot settle it, they would only cost. At one
-    # request (pairs ~25% noise) eight never did: 24-36 undrafted burst steps an instance
-    # against 16 (2026-12-04); at 16 requests 3-5 pairs were enough
+    # then PROBE_EVERY: at 16 requests 3-5 pairs were enough for a verdict
+WARM_MIN_BATCH = 4  # no warm bursts below this load: at one request a pair reads one
+    # request's acceptance (~25% noise), so early pairs settle nothing, or settle it wrong.
+    # Served with warm bursts at one request, eight per instance never gave a verdict (24-36
+    # undrafted burst steps against 16), and four gave one instance a false "do not draft"
+    # for 431 steps (0.78x K = 3; README, 2026-12-04). There drafting pays ~1.5x and the
+    # prediction is what should decide
 
 
 # Student's t at 97.5% by degrees of freedom (1-15: PAIRS_KEPT pairs at most); 1.96 beyond.
@@ -175,9 +179,10 @@ class Explorer:
     def __init__(self, every: int = PROBE_EVERY, burst: int = PROBE_BURST,
                  margin: float = EXPLORE_MARGIN, measured_margin: float = MEASURED_SURE,
                  max_every: int = PROBE_MAX_EVERY, warm_every: int = PROBE_WARM_EVERY,
-                 warm_bursts: int = WARM_BURSTS) -> None:
+                 warm_bursts: int = WARM_BURSTS, warm_min_batch: int = WARM_MIN_BATCH) -> None:
         self.every, self.burst, self.max_every = every, burst, max(max_every, every)
         self.warm_every, self.warm_bursts = min(warm_every, every), warm_bursts
+        self.warm_min_batch = warm_min_batch
         self.warm: dict[int, int] = {}  # load bucket -> bursts it had before being judged
         self.margin, self.measured_margin = margin, measured_margin
         self.streak = 0  # steps since the last burst ended
@@ -194,8 +199,9 @@ class Explorer:
         Drafting off is always re-checked; drafting on only where neither the predicted
         `gain` (< margin) nor the `measured` one (< measured_margin, None: unmeasured) is
         sure. `batch`: the running requests, whose bucket keeps its own interval.
-        `judged`: whether the measured verdict at this load is in (False: bursts come every
-        warm_every steps, up to warm_bursts of them, so it comes in sooner)."""
+        `judged`: whether the measured verdict at this load is in (False, at warm_min_batch
+        requests or more: bursts come every warm_every steps, up to warm_bursts of them, so
+        it comes in sooner)."""
         self.probing = bool(self.left)
         if self.left:
             self.left -= 1
@@ -210,7 +216,8 @@ class Explorer:
         self.streak += 1
         sure = gain >= self.margin or (measured is not None and measured >= self.measured_margin)
         unsure = not on or not sure
-        warming = not judged and self.warm.get(key, 0) < self.warm_bursts
+        warming = (not judged and key >= self.warm_min_batch
+                   and self.warm.get(key, 0) < self.warm_bursts)
         if unsure and self.streak >= (self.warm_every if warming else
                                       self.interval.get(key, self.every)):
             self.streak, self.left, self.arm = 0, self.burst - 1, not on

@@ -142,9 +142,12 @@ def test_bursts_come_sooner_until_the_load_is_judged_and_at_most_warm_bursts_tim
     # Judged after the second warm burst: back to the usual interval at once.
     ex = explorer()
     assert starts(ex, 70, lambda i: i > 12) == [4, 10, 31, 52] and ex.warm == {16: 2}
-    # Each load warms on its own: 4 requests, not judged, get their own warm bursts.
+    # Each load warms on its own: 4 requests, not judged, get their own warm bursts; below
+    # warm_min_batch (4) none.
     starts(ex, 10, lambda i: False, batch=4)
     assert ex.warm == {16: 2, 4: 2}
+    starts(ex, 30, lambda i: False, batch=2)
+    assert 2 not in ex.warm
 
 
 def test_a_burst_keeps_its_arm_when_the_verdict_flips_mid_burst():
@@ -336,27 +339,28 @@ def test_a_clear_measured_win_is_not_re_checked():
     assert drafted_share(23.0, 17.0) < 0.9
 
 
-def test_the_scheduler_explores_sooner_where_the_load_is_not_judged():
+def test_the_scheduler_explores_sooner_where_a_busy_load_is_not_judged():
     from dspark_vllm.scheduler import DSparkScheduler
 
     plan = DSparkScheduler._plan_next_draft
-    p = next(p / 100 for p in range(20, 100)  # confidences the prediction is unsure of
-             if 1.0 < plan_draft([survival([p / 100] * 7)] * 8, [], 1, COST, DRAFT, 10_000,
-                                 7)[1] < 1.3)
 
-    def bursts(measured: bool) -> int:
+    def bursts(batch: int, measured: bool) -> int:
+        p = next(p / 100 for p in range(20, 100)  # confidences the prediction is unsure of
+                 if 1.0 < plan_draft([survival([p / 100] * 7)] * 8, [], batch, COST, DRAFT,
+                                     10_000, 7)[1] < 1.3)
         fake = _fake_scheduler([survival([p] * 7)] * 8)
         fake.explorer = Explorer(every=40, burst=2, warm_every=5, warm_bursts=3)
         if measured:  # a level reading: drafting does not pay here, and that is sure
-            fake.rates.observe(1, True, 17, 1.0)
-            fake.rates.observe(1, False, 17, 1.0)
-            assert fake.rates.verdict(1) is False
+            fake.rates.observe(batch, True, 17 * batch, 1.0)
+            fake.rates.observe(batch, False, 17 * batch, 1.0)
+            assert fake.rates.verdict(batch) is False
         for _ in range(30):
-            plan(fake, [], [], 1, 10_000)
+            plan(fake, [], [], batch, 10_000)
         return fake.explorer.bursts
 
-    assert bursts(measured=False) == 3  # warm bursts, 5 steps apart
-    assert bursts(measured=True) == 0  # judged: the first burst is 40 steps away
+    assert bursts(16, measured=False) == 3  # warm bursts, 5 steps apart
+    assert bursts(16, measured=True) == 0  # judged: the first burst is 40 steps away
+    assert bursts(1, measured=False) == 0  # one request: the prediction decides alone
 
 
 def test_an_unmeasured_prediction_must_clear_the_tie_margin():
