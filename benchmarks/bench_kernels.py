@@ -72,10 +72,6 @@ def time_cpu(fn) -> float:
     return statistics.median(times) * 1e3
 
 
-def timer_for(device: str):
-    return time_cuda if device == "cuda" else time_cpu
-
-
 def time_cuda(fn) -> float:
     import triton.testing
 
@@ -83,6 +79,10 @@ def time_cuda(fn) -> float:
 
 
 _graph_failures: dict[str, str] = {}
+
+
+def timer_for(device: str):
+    return time_cuda if device == "cuda" else time_cpu
 
 
 def time_graph(name: str, fn) -> float | None:

@@ -7,9 +7,9 @@ the model runner and the DSpark proposer, for plain decoding or a DSpark engine.
     python -m benchmarks.engine_profile fixed --k 7 --batch 1   # DSpark, K drafts every step
     python -m benchmarks.engine_profile capped --k 3  # K drafts a step on an engine sized for 7
 
-One `vllm.LLM`, by default with the engine and worker in this process (no RPC), the first `--batch` of 16 prompts
-(8 GSM8K held-out, 8 HumanEval) x 96 greedy tokens: a warm-up pass, then `--repeats` timed passes, each printed
-as one JSON line {timer: [seconds, calls]}. The timers wrap whole methods, so nested ones
+One `vllm.LLM`, by default with the engine and worker in this process (no RPC), the first
+`--batch` of 16 prompts (8 GSM8K held-out, 8 HumanEval) x 96 greedy tokens: a warm-up pass,
+then `--repeats` timed passes, each printed as one JSON line {timer: [seconds, calls]}. The timers wrap whole methods, so nested ones
 overlap (runner.execute_model contains the target forward; runner.sample_tokens contains
 the draft pass, proposer.propose; that contains drafter.forward, the drafter's context K/V
 and block pass, and proposer._sample_draft_tokens, its LM head and sequential loop;
@@ -38,7 +38,7 @@ from pathlib import Path
 TIMERS: dict[str, list] = collections.defaultdict(lambda: [0.0, 0])
 SPAWNED_DIR_ENV = "DSPARK_PROFILE_DIR"  # where the processes vLLM spawns write their timers
 _dump_dir: Path | None = None  # set in a process vLLM spawned (engine core, worker)
-_depth = 0  # timed calls running in this thread (nested timers overlap)
+_depth = 0  # timed calls running now (nested timers overlap; the engine calls them from one thread)
 
 
 def _time(cls, name: str, label: str) -> None:
