@@ -6,6 +6,7 @@ the model runner and the DSpark proposer, for plain decoding or a DSpark engine.
     python -m benchmarks.engine_profile adaptive     # DSpark with the load-aware budget
     python -m benchmarks.engine_profile fixed --k 7 --batch 1   # DSpark, K drafts every step
     python -m benchmarks.engine_profile capped --k 3  # K drafts a step on an engine sized for 7
+    python -m benchmarks.engine_profile shapes       # the target's forward by batch tokens
 
 One `vllm.LLM`, by default with the engine and worker in this process (no RPC), the first
 `--batch` of 16 prompts (8 GSM8K held-out, 8 HumanEval) x 96 greedy tokens: a warm-up pass,
@@ -127,9 +128,25 @@ def in_process_llm(spec: dict | None, **kw):
                **kw)
 
 
+def forward_by_tokens(repeats: int, tokens=tuple(range(1, 17)) + (24, 32)) -> dict[int, float]:
+    """Median ms of the target's forward (vLLM's dummy run: no attention metadata, no
+    logits) per batch-token count, the counts visited in alternating order per repeat."""
+    llm = in_process_llm(None, max_num_seqs=16, enable_prefix_caching=False)
+    runner = llm.llm_engine.engine_core.engine_core.model_executor.driver_worker.worker.model_runner
+    ms: dict[int, list[float]] = {t: [] for t in tokens}
+    for rep in range(repeats):
+        for t in (tokens if rep % 2 == 0 else tokens[::-1]):
+            runner._dummy_run(t)  # warm this shape
+            t0 = time.perf_counter()
+            for _ in range(5):
+                runner._dummy_run(t)
+            ms[t].append((time.perf_counter() - t0) / 5 * 1e3)
+    return {t: round(sorted(v)[len(v) // 2], 2) for t, v in ms.items()}
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("mode", choices=("plain", "k0", "adaptive", "fixed", "capped"))
+    p.add_argument("mode", choices=("plain", "k0", "adaptive", "fixed", "capped", "shapes"))
     p.add_argument("--k", type=int, default=7,
                    help="drafts per step (modes fixed, capped); the most per step (adaptive)")
     p.add_argument("--batch", type=int, default=16, help="prompts per pass (at most 16)")
@@ -143,6 +160,9 @@ def main(argv=None) -> None:
     if not 1 <= args.batch <= 16 - args.offset:
         p.error(f"--batch {args.batch}: use 1 to {16 - args.offset} (the prompt set holds 16"
                 + (f", from prompt {args.offset})" if args.offset else ")"))
+    if args.mode == "shapes":  # --repeats repeats of 5 runs per token count
+        print(json.dumps({"mode": "shapes", "forward_ms_by_tokens": forward_by_tokens(args.repeats)}))
+        return
     sized = args.mode in ("fixed", "adaptive", "capped")  # the modes --k sizes
     if sized and not 1 <= args.k <= 7:
         p.error(f"--k {args.k}: use 1 to 7 (the bundled drafter's block; mode k0 drafts none)")

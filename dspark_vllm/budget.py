@@ -8,6 +8,7 @@ Never admit x_j because of anything computed from x_j or later (e.g. c_{j+1}).
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections import deque
 from collections.abc import Sequence
@@ -24,13 +25,32 @@ DRIFT_PRIOR = 8.0  # confidence units (~13 slots at c = 0.6) before a position's
 @dataclass(frozen=True)
 class StepCost:
     """Seconds of one engine step as a function of the tokens it processes:
-    t(T) = alpha + beta * T; steps-per-second SPS(T) = 1 / t(T)."""
+    t(T) = alpha + beta * T + dev(T); steps-per-second SPS(T) = 1 / t(T).
+
+    dev is what a start-up profile measured off its own line, as knots (T, seconds)
+    interpolated linearly and held flat past the last: small batches need not follow the
+    line. On the 2-core CPU with vLLM's oneDNN GEMMs a 2-token step of the bundled target
+    costs more than a 4-token one and a 1-token step about as much (dummy runs: 28.0, 22.1
+    and 24.0 ms; README, "The budget at one request"). Empty: the line alone."""
 
     alpha: float
     beta: float
+    dev: tuple[tuple[int, float], ...] = ()  # (T, measured - line), T ascending
 
     def seconds(self, tokens: int) -> float:
-        return self.alpha + self.beta * tokens
+        return self.alpha + self.beta * tokens + self.deviation(tokens)
+
+    def deviation(self, tokens: int) -> float:
+        d = self.dev
+        if not d:
+            return 0.0
+        i = bisect.bisect_left(d, tokens, key=lambda k: k[0])
+        if i == len(d):
+            return d[-1][1]
+        if i == 0 or d[i][0] == tokens:
+            return d[i][1]
+        (t0, d0), (t1, d1) = d[i - 1], d[i]
+        return d0 + (d1 - d0) * (tokens - t0) / (t1 - t0)
 
 
 def survival(conf: Sequence[float]) -> list[float]:
@@ -56,24 +76,37 @@ def admit_greedy(
 ) -> list[int]:
     """Algorithm 1: number of drafts to verify per request.
 
-    Sort all slots (r, j) by a_{r,j}; admit greedily while the goodput improves; stop at
-    the first admission that does not. Every request emits at least one token per step.
+    Sort all slots (r, j) by a_{r,j}; admit in that order while the goodput improves; stop
+    at the first admission that does not. Every request emits at least one token per step.
+    With a line for a cost that first stop is the best prefix of the sorted slots: an
+    admission that does not pay has a <= beta * Theta, which leaves the new Theta >= a / beta
+    >= the next slot's a / beta, so none after it pays either. A measured cost with
+    deviations (StepCost.dev) can fall again past a dearer batch size, so then the whole
+    sorted list is scanned and its best prefix (largest Theta) admitted, which is the
+    paper's stop wherever the cost is a line.
     """
     slots = sorted(((a, j, r) for r, surv in enumerate(survivals) for j, a in enumerate(surv)),
                    key=lambda s: (-s[0], s[1], s[2]))
-    n = [0] * len(survivals)
+    n = [0] * len(survivals)  # admitted so far along the sorted list
+    order: list[int] = []  # the request of each admission, in sorted order
     expected, tokens = float(len(survivals)), base_tokens
-    theta = goodput(expected, tokens, cost)
+    best, best_len = goodput(expected, tokens, cost), 0
     for a, j, r in slots:
         if tokens >= token_budget or a < MIN_SURVIVAL:
             break
         # a_{r,j} <= a_{r,j-1}: the sort reaches each request's slots in prefix order.
         assert j == n[r], "survivals must be non-increasing per request"
-        new = goodput(expected + a, tokens + 1, cost)
-        if new <= theta:  # the first admission that does not improve goodput: stop
+        n[r], expected, tokens = n[r] + 1, expected + a, tokens + 1
+        order.append(r)
+        theta = goodput(expected, tokens, cost)
+        if theta > best:
+            best, best_len = theta, len(order)
+        elif not cost.dev:  # a line: the first admission that does not improve: stop
             break
-        n[r], expected, tokens, theta = n[r] + 1, expected + a, tokens + 1, new
-    return n
+    counts = [0] * len(survivals)
+    for r in order[:best_len]:
+        counts[r] += 1
+    return counts
 
 
 def draft_gain(

@@ -33,8 +33,14 @@ PROFILE_WEIGHT = 0.25  # profile points keep anchoring the fit where traffic is 
 # points lets noise (or the drafter's cost, which rides on the intercept) tilt the slope,
 # and the slope is exactly what the admission policy trades against.
 MIN_SPAN_TOKENS = 8
-PROFILE_VERSION = 3  # bump when what the start-up profile times changes (2: + logits,
-                     # 3: fastest repeat per shape, contended profiles marked)
+PROFILE_VERSION = 4  # bump when what the start-up profile times changes (2: + logits,
+                     # 3: fastest repeat per shape, contended profiles marked, 4: every
+                     # single-request query length, the shapes a quiet engine verifies)
+# A profiled batch size whose fastest time lies off the profile's line by less than this
+# share of the line is taken to be on it: two or three repeats leave a few per cent of
+# noise, and a deviation moves admissions, so only a real one should (on the 2-core CPU:
+# +16% at 2 tokens, -9% at 16; README, "The budget at one request").
+DEV_MIN_SHARE = 0.05
 # A profile is contended when the profiling process got less than this share of the CPU
 # time its threads could use (another tenant on the cores). One busy process beside a
 # 2-thread profile on this 2-core CPU: share 1.2-1.4 of 2 and shapes 2.5-4x slower; alone
@@ -99,14 +105,33 @@ def read_profile(path: Path, *, trusted_only: bool = False) -> list[tuple[int, f
     return points
 
 
+def deviations(points: list[tuple[int, float]], line: StepCost) -> tuple[tuple[int, float], ...]:
+    """StepCost.dev from profile points: each batch size's fastest time off the line, as
+    (T, seconds), zero where within DEV_MIN_SHARE of it; () when every point is on it."""
+    fastest: dict[int, float] = {}
+    for t, s in points:
+        fastest[t] = min(s, fastest.get(t, s))
+    dev = []
+    for t in sorted(fastest):
+        d = fastest[t] - line.seconds(t)
+        dev.append((t, d if abs(d) > DEV_MIN_SHARE * line.seconds(t) else 0.0))
+    return tuple(dev) if any(d for _, d in dev) else ()
+
+
 class CostModel:
+    """The line is refitted online; the profile's deviations from it (kernel effects at
+    particular batch sizes) are kept, and taken out of what the line is fitted to."""
+
     def __init__(self, profile: list[tuple[int, float]] | None = None,
                  prior: StepCost = PRIOR) -> None:
         self.profile = list(profile or [])
         self.samples: deque[tuple[int, float]] = deque(maxlen=WINDOW)
         self.refits = 0
         self._since = 0
-        self.cost = fit(*map(np.asarray, zip(*self.profile))) if len(self.profile) >= 2 else prior
+        self.cost = prior
+        if len(self.profile) >= 2:
+            line = fit(*map(np.asarray, zip(*self.profile)))
+            self.cost = StepCost(line.alpha, line.beta, deviations(self.profile, line))
 
     @classmethod
     def load(cls, path: Path) -> CostModel:
@@ -121,18 +146,23 @@ class CostModel:
         if self._since < REFIT_EVERY:
             return False
         self._since = 0
+        dev = self.cost.dev
         obs_t, obs_s = (np.asarray(v, float) for v in zip(*self.samples))
+        if dev:  # StepCost.deviation for every sample (np.interp holds the ends flat too)
+            knots_t, knots_d = (np.asarray(v, float) for v in zip(*dev))
+            obs_s = obs_s - np.interp(obs_t, knots_t, knots_d)
         if np.ptp(obs_t) < MIN_SPAN_TOKENS:
             beta = self.cost.beta  # slope not identifiable from this traffic: keep it
             alpha = float(np.median(obs_s - beta * obs_t))  # median: robust to stalls
-            self.cost = StepCost(max(alpha, 0.0), beta)
+            self.cost = StepCost(max(alpha, 0.0), beta, dev)
         else:
-            pts = list(self.samples) + self.profile
-            w = np.array([1.0] * len(self.samples) + [PROFILE_WEIGHT] * len(self.profile))
-            t, s = (np.asarray(v, float) for v in zip(*pts))
-            self.cost = fit(t, s, w)
+            prof_t = np.array([t for t, _ in self.profile], float)
+            prof_s = np.array([s - self.cost.deviation(t) for t, s in self.profile], float)
+            w = np.array([1.0] * len(obs_t) + [PROFILE_WEIGHT] * len(prof_t))
+            line = fit(np.concatenate([obs_t, prof_t]), np.concatenate([obs_s, prof_s]), w)
+            self.cost = StepCost(line.alpha, line.beta, dev)
         self.refits += 1
         return True
 
-    def table(self, tokens=(1, 2, 4, 8, 16, 32, 64, 128)) -> dict[int, float]:
+    def table(self, tokens=(1, 2, 3, 4, 5, 6, 7, 8, 16, 32, 64, 128)) -> dict[int, float]:
         return {t: self.cost.seconds(t) for t in tokens}

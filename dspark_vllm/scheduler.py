@@ -218,7 +218,9 @@ class DSparkScheduler(LedgerScheduler):
         return {**super()._status(), "policy": self.policy, "cost_model": {
                     "alpha_s": self.cost_model.cost.alpha, "beta_s_per_token": self.cost_model.cost.beta,
                     "refits": self.cost_model.refits, "profiled_points": len(self.cost_model.profile),
-                    "step_seconds_by_tokens": self.cost_model.table()},
+                    "step_seconds_by_tokens": self.cost_model.table(),
+                    # the profile's measured departures from the line (StepCost.dev)
+                    "deviation_s_by_tokens": {str(t): d for t, d in self.cost_model.cost.dev}},
                 "draft_cost": {"alpha_s": self.draft_cost.cost.alpha,
                                "beta_s_per_slot": self.draft_cost.cost.beta},
                 "draft_len": self.draft_len,

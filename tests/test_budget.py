@@ -57,6 +57,54 @@ def test_greedy_stops_at_the_first_non_improving_admission():
     assert n == [2, 0]
 
 
+def _first_stop(survivals, base_tokens, cost, token_budget):
+    """Slow reference: the paper's rule as written (stop at the first admission that does
+    not improve the goodput)."""
+    slots = sorted(((a, j, r) for r, surv in enumerate(survivals) for j, a in enumerate(surv)),
+                   key=lambda s: (-s[0], s[1], s[2]))
+    n, expected, tokens = [0] * len(survivals), float(len(survivals)), base_tokens
+    theta = expected / cost.seconds(tokens)
+    for a, _, r in slots:
+        if tokens >= token_budget or a < 1e-3:
+            break
+        new = (expected + a) / cost.seconds(tokens + 1)
+        if new <= theta:
+            break
+        n[r], expected, tokens, theta = n[r] + 1, expected + a, tokens + 1, new
+    return n
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_with_a_line_for_a_cost_the_best_prefix_is_the_papers_first_stop(seed):
+    rng = random.Random(seed)
+    cost = StepCost(alpha=rng.uniform(0.01, 0.1), beta=rng.uniform(0.0002, 0.01))
+    surv = [survival([rng.uniform(0.0, 1.0) for _ in range(rng.randint(0, 7))])
+            for _ in range(rng.randint(1, 20))]
+    budget = rng.randint(len(surv), len(surv) + 80)
+    assert admit_greedy(surv, len(surv), cost, budget) == _first_stop(surv, len(surv), cost, budget)
+
+
+# A quiet CPU engine's measured shape (cost_model.deviations): 2 tokens dearer than 3 or 4.
+HUMP = StepCost(alpha=0.022, beta=0.0005, dev=((1, 0.002), (2, 0.006), (3, 0.0)))
+
+
+def test_deviations_interpolate_between_knots_and_hold_past_the_last():
+    assert HUMP.deviation(2) == 0.006 and HUMP.deviation(3) == 0.0 and HUMP.deviation(9) == 0.0
+    assert HUMP.seconds(2) == pytest.approx(0.022 + 0.001 + 0.006)
+    c = StepCost(0.02, 0.001, dev=((1, 0.0), (4, 0.003), (16, -0.004)))
+    assert c.deviation(2) == pytest.approx(0.001) and c.deviation(64) == -0.004
+    assert StepCost(0.02, 0.001).deviation(5) == 0.0
+
+
+def test_a_dearer_small_batch_is_stepped_over_not_stopped_at():
+    # t(1) = 24.5 ms, t(2) = 29 ms, t(3) = 23.5 ms, t(4) = 24 ms: one doubtful draft does not
+    # pay for the 2-token step, three drafts do (the paper's first stop admits none).
+    surv = [survival([0.15, 0.66, 0.8])]
+    assert _first_stop(surv, 1, HUMP, 100) == [0]
+    assert admit_greedy(surv, 1, HUMP, 100) == [3]
+    assert admit_greedy(surv, 1, HUMP, 3) == [2]  # within the engine's token budget
+
+
 DRAFT = StepCost(alpha=0.003, beta=0.0004)
 
 

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from dspark_vllm.budget import StepCost
-from dspark_vllm.cost_model import (MIN_SPAN_TOKENS, REFIT_EVERY, CostModel, contended, fit,
-                                    read_profile)
+from dspark_vllm.cost_model import (DEV_MIN_SHARE, MIN_SPAN_TOKENS, REFIT_EVERY, CostModel,
+                                    contended, deviations, fit, read_profile)
 
 
 def test_fit_recovers_a_line_and_never_goes_negative():
@@ -45,6 +45,36 @@ def test_varied_traffic_refits_the_slope():
         cm.observe(t, 0.03 + 0.004 * t)
     assert cm.cost.beta == pytest.approx(0.004, rel=0.15)
     assert cm.cost.beta > 0.002
+
+
+def _humped() -> list[tuple[int, float]]:
+    """A profile on a line but for a 2-token step 20% dear and a 2% noisy 8-token one."""
+    pts = [(t, 0.04 + 0.002 * t) for t in (1, 3, 4, 16, 32)]
+    return pts + [(2, 0.044 * 1.2), (2, 0.044 * 1.3), (8, 0.056 * 1.02), (8, 0.056 * 1.04)]
+
+
+def test_a_profiled_deviation_is_kept_and_noise_is_not():
+    cm = CostModel(_humped())
+    line = fit(*map(np.asarray, zip(*_humped())))
+    assert cm.cost.alpha == line.alpha and cm.cost.beta == line.beta
+    dev = dict(cm.cost.dev)
+    assert dev[2] > DEV_MIN_SHARE * line.seconds(2)  # the hump, from the fastest repeat
+    assert cm.cost.seconds(2) == pytest.approx(0.044 * 1.2)
+    assert cm.cost.seconds(2) > cm.cost.seconds(3)  # dearer than a bigger step
+    assert dev[8] == 0.0 and dev[32] == 0.0  # within DEV_MIN_SHARE of the line: noise
+    assert deviations([(t, 0.04 + 0.002 * t) for t in (1, 2, 4)], StepCost(0.04, 0.002)) == ()
+
+
+def test_a_refit_moves_the_line_and_keeps_the_profiled_shape():
+    cm = CostModel(_humped())
+    hump = cm.cost.seconds(2) - cm.cost.seconds(3)
+    # A slower machine: every step 10 ms dearer, the hump included (one request, 1-5 tokens).
+    for i in range(REFIT_EVERY):
+        t = 1 + i % 5
+        cm.observe(t, cm.cost.seconds(t) + 0.010)
+    assert cm.refits == 1
+    assert cm.cost.seconds(2) - cm.cost.seconds(3) == pytest.approx(hump)
+    assert cm.cost.seconds(4) == pytest.approx(CostModel(_humped()).cost.seconds(4) + 0.010)
 
 
 def test_bad_observations_are_ignored_and_unprofiled_start_uses_a_prior():
@@ -118,7 +148,8 @@ class _FakeRunner:
 def test_the_profile_times_each_shape_and_flags_a_run_that_waited(busy):
     import torch
 
-    from dspark_vllm.patches.cost_profile import QUERY_LENS, REPEATS, profile
+    from dspark_vllm.patches.cost_profile import (QUERY_LENS, REPEATS, SINGLE_QUERY_LENS,
+                                                  profile)
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # the fake computes on one thread
@@ -128,8 +159,10 @@ def test_the_profile_times_each_shape_and_flags_a_run_that_waited(busy):
     finally:
         torch.set_num_threads(threads)
     assert was_contended is not busy
-    want = [b * q for q in QUERY_LENS for b in (1, 2) if b * q <= 8]
-    assert [t for t, _ in points] == want  # batches up to max_num_seqs, tokens up to the cap
+    # One request at every query length, then the grid: batches up to max_num_seqs,
+    # tokens up to the cap.
+    want = list(SINGLE_QUERY_LENS) + [2 * q for q in QUERY_LENS if 2 * q <= 8]
+    assert [t for t, _ in points] == want
     assert len(runner.shapes) == len(want) * (REPEATS + 1)  # + one warm-up run per shape
     assert all(s >= 0.005 for _, s in points)
     assert runner.uniform_decode_query_len == 1  # restored

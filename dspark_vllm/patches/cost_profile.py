@@ -24,9 +24,13 @@ from . import is_patched, mark
 log = logging.getLogger("vllm.dspark.cost")
 BATCHES = (1, 2, 4, 8, 16)
 QUERY_LENS = (1, 2, 4, 8)
+# One request at every query length up to the longest: a quiet engine verifies any of
+# them, and the cost need not be a line there (a 2-token step can cost more than a
+# 4-token one; cost_model.deviations).
+SINGLE_QUERY_LENS = tuple(range(1, max(QUERY_LENS) + 1))
 CONTEXT = 256  # attention context of the profiled requests
 TIME_CAP_S = 45.0  # the whole profile stays bounded; unmeasured shapes are skipped
-REPEATS = 2  # timed runs per shape after a warm-up run; the fastest counts (noise only adds)
+REPEATS = 3  # timed runs per shape after a warm-up run; the fastest counts (noise only adds)
 
 
 def profile(runner) -> tuple[list[tuple[int, float]], bool]:
@@ -58,28 +62,31 @@ def _time_shapes(runner) -> list[tuple[int, float]]:
     max_seqs = runner.scheduler_config.max_num_seqs
     saved = runner.uniform_decode_query_len
     points, t_end = [], time.perf_counter() + TIME_CAP_S
+    shapes = [(1, q) for q in SINGLE_QUERY_LENS] + [
+        (b, q) for q in QUERY_LENS for b in BATCHES if b > 1 and b <= max_seqs]
     try:
-        for q in QUERY_LENS:
+        for b, q in shapes:
+            if b * q > runner.max_num_tokens:
+                continue
             runner.uniform_decode_query_len = q
-            for b in (b for b in BATCHES if b <= max_seqs and b * q <= runner.max_num_tokens):
-                if time.perf_counter() > t_end:
-                    return points
-                times = []
-                for rep in range(REPEATS + 1):  # the first run warms up this shape
-                    t0 = time.perf_counter()
-                    hidden, _ = runner._dummy_run(b * q, uniform_decode=True,
-                                                  force_attention=True,
-                                                  profile_seq_lens=CONTEXT)
-                    # Verification needs target logits at every scheduled token, not
-                    # only the last per request as the dummy run computes: on a
-                    # compute-bound CPU that LM-head is a large part of a draft's cost.
-                    hidden = hidden[0] if isinstance(hidden, tuple) else hidden
-                    runner.model.compute_logits(hidden[: b * q])
-                    if torch.cuda.is_available():
-                        torch.cuda.synchronize()
-                    if rep:
-                        times.append(time.perf_counter() - t0)
-                points.append((b * q, min(times)))
+            if time.perf_counter() > t_end:
+                return points
+            times = []
+            for rep in range(REPEATS + 1):  # the first run warms up this shape
+                t0 = time.perf_counter()
+                hidden, _ = runner._dummy_run(b * q, uniform_decode=True,
+                                              force_attention=True,
+                                              profile_seq_lens=CONTEXT)
+                # Verification needs target logits at every scheduled token, not
+                # only the last per request as the dummy run computes: on a
+                # compute-bound CPU that LM-head is a large part of a draft's cost.
+                hidden = hidden[0] if isinstance(hidden, tuple) else hidden
+                runner.model.compute_logits(hidden[: b * q])
+                if torch.cuda.is_available():
+                    torch.cuda.synchronize()
+                if rep:
+                    times.append(time.perf_counter() - t0)
+            points.append((b * q, min(times)))
     finally:
         runner.uniform_decode_query_len = saved
     return points
