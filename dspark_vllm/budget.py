@@ -30,8 +30,8 @@ class StepCost:
     dev is what a start-up profile measured off its own line, as knots (T, seconds)
     interpolated linearly and held flat past the last: small batches need not follow the
     line. On the 2-core CPU with vLLM's oneDNN GEMMs a 2-token step of the bundled target
-    costs more than a 4-token one and a 1-token step about as much (dummy runs: 28.0, 22.1
-    and 24.0 ms; README, "The budget at one request"). Empty: the line alone."""
+    costs more than a 4-token one, and a 1-token step does too (`engine_profile shapes`:
+    28.3, 23.7 and 25.6 ms; README, "The budget at one request"). Empty: the line alone."""
 
     alpha: float
     beta: float
