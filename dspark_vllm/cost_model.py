@@ -39,7 +39,7 @@ PROFILE_VERSION = 4  # bump when what the start-up profile times changes (2: + l
 # A profiled batch size whose fastest time lies off the profile's line by less than this
 # share of the line is taken to be on it: two or three repeats leave a few per cent of
 # noise, and a deviation moves admissions, so only a real one should (a one-request
-# server's profile on the 2-core CPU: +15% at 2 tokens, -14% at 4; README, "The budget
+# server's profile on the 2-core CPU: +19% at 2 tokens, -14% at 4; README, "The budget
 # at one request").
 DEV_MIN_SHARE = 0.05
 # A profile is contended when the profiling process got less than this share of the CPU
