@@ -63,11 +63,6 @@ def survival(conf: Sequence[float]) -> list[float]:
     return out
 
 
-def goodput(expected_tokens: float, tokens: int, cost: StepCost) -> float:
-    """Theta = expected accepted tokens per step x steps per second."""
-    return expected_tokens / cost.seconds(tokens)
-
-
 def admit_greedy(
     survivals: Sequence[Sequence[float]],  # per request: a_{r,1..K_r}, non-increasing
     base_tokens: int,  # tokens the step runs anyway (one per request, plus prefill chunks)
@@ -76,37 +71,42 @@ def admit_greedy(
 ) -> list[int]:
     """Algorithm 1: number of drafts to verify per request.
 
-    Sort all slots (r, j) by a_{r,j}; admit in that order while the goodput improves; stop
-    at the first admission that does not. Every request emits at least one token per step.
-    With a line for a cost that first stop is the best prefix of the sorted slots: an
-    admission that does not pay has a <= beta * Theta, which leaves the new Theta >= a / beta
-    >= the next slot's a / beta, so none after it pays either. A measured cost with
-    deviations (StepCost.dev) can fall again past a dearer batch size, so then the whole
-    sorted list is scanned and its best prefix (largest Theta) admitted, which is the
-    paper's stop wherever the cost is a line.
+    Sort all slots (r, j) by a_{r,j}; admit greedily while the goodput Theta (expected
+    accepted tokens per step x steps per second) improves; stop at the first admission
+    that does not. Every request emits at least one token per step.
+    Whether x_{r,j} is admitted reads a_{r,j} and larger survivals only, never a later
+    slot of its own request (whose confidence reads x_{r,j}): a stopping time. A search
+    for the best prefix would not be one (it admits x_j because c_{j+1} is high, and c_{j+1}
+    reads x_j: audit.peeking_policy, the paper's Appendix A).
+
+    A step of T tokens is priced at the cheapest step of T or more tokens that the slots on
+    offer can reach, min over T' >= T of t(T'): verifying more drafts, whatever they hold,
+    reaches it. Where t rises with T (a line) that is t itself and this is the paper's rule
+    as written. Where a measured t has a dearer small size (StepCost.dev: on the 2-core CPU
+    2 tokens cost more than 4) the slots up to the cheaper size are admitted whenever their
+    survival is above MIN_SURVIVAL, as they cost nothing there; the pricing reads only
+    counts, so the rule stays a stopping time.
     """
     slots = sorted(((a, j, r) for r, surv in enumerate(survivals) for j, a in enumerate(surv)),
                    key=lambda s: (-s[0], s[1], s[2]))
-    n = [0] * len(survivals)  # admitted so far along the sorted list
-    order: list[int] = []  # the request of each admission, in sorted order
+    top = max(min(base_tokens + len(slots), token_budget), base_tokens)  # most tokens reachable
+    price = [0.0] * (top - base_tokens + 1)  # price[T - base]: min over T' in [T, top] of t(T')
+    cheapest = math.inf
+    for i in range(len(price) - 1, -1, -1):
+        cheapest = price[i] = min(cheapest, cost.seconds(base_tokens + i))
+    n = [0] * len(survivals)
     expected, tokens = float(len(survivals)), base_tokens
-    best, best_len = goodput(expected, tokens, cost), 0
+    theta = expected / price[0]
     for a, j, r in slots:
         if tokens >= token_budget or a < MIN_SURVIVAL:
             break
         # a_{r,j} <= a_{r,j-1}: the sort reaches each request's slots in prefix order.
         assert j == n[r], "survivals must be non-increasing per request"
-        n[r], expected, tokens = n[r] + 1, expected + a, tokens + 1
-        order.append(r)
-        theta = goodput(expected, tokens, cost)
-        if theta > best:
-            best, best_len = theta, len(order)
-        elif not cost.dev:  # a line: the first admission that does not improve: stop
+        new = (expected + a) / price[tokens + 1 - base_tokens]
+        if new <= theta:  # the first admission that does not improve goodput: stop
             break
-    counts = [0] * len(survivals)
-    for r in order[:best_len]:
-        counts[r] += 1
-    return counts
+        n[r], expected, tokens, theta = n[r] + 1, expected + a, tokens + 1, new
+    return n
 
 
 def draft_gain(

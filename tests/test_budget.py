@@ -1,5 +1,6 @@
 """Load-aware verification budget: Algorithm 1 properties, on tiny synthetic inputs."""
 
+import itertools
 import math
 import random
 
@@ -74,14 +75,45 @@ def _first_stop(survivals, base_tokens, cost, token_budget):
     return n
 
 
+class _Table:
+    """A measured step-time table (seconds by batch tokens, 1-based; flat past its end)."""
+
+    def __init__(self, seconds):
+        self.t = list(seconds)
+
+    def seconds(self, tokens):
+        return self.t[min(tokens, len(self.t)) - 1]
+
+
 @pytest.mark.parametrize("seed", range(30))
-def test_with_a_line_for_a_cost_the_best_prefix_is_the_papers_first_stop(seed):
+def test_where_the_cost_rises_with_tokens_it_is_the_papers_rule_as_written(seed):
     rng = random.Random(seed)
-    cost = StepCost(alpha=rng.uniform(0.01, 0.1), beta=rng.uniform(0.0002, 0.01))
     surv = [survival([rng.uniform(0.0, 1.0) for _ in range(rng.randint(0, 7))])
             for _ in range(rng.randint(1, 20))]
     budget = rng.randint(len(surv), len(surv) + 80)
-    assert admit_greedy(surv, len(surv), cost, budget) == _first_stop(surv, len(surv), cost, budget)
+    line = StepCost(alpha=rng.uniform(0.01, 0.1), beta=rng.uniform(0.0002, 0.01))
+    rising = _Table(itertools.accumulate(rng.uniform(0.0, 0.01) for _ in range(200)))
+    for cost in (line, rising):  # rising: concave and convex stretches, as measured tables are
+        assert admit_greedy(surv, len(surv), cost, budget) == _first_stop(surv, len(surv), cost,
+                                                                         budget)
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_admission_never_reads_a_later_slot_of_its_own_request(seed):
+    """The causality wall as a property: whether x_{r,j} is verified may not change when the
+    survivals after it (whose confidences read x_{r,j}) change, dear small sizes included."""
+    rng = random.Random(seed)
+    cost = _Table([0.0245, 0.029, 0.0235, 0.024, 0.0262, 0.0275, 0.030, 0.031] +
+                  [0.031 + 0.0015 * i for i in range(1, 120)])
+    surv = [survival([rng.uniform(0.0, 1.0) for _ in range(7)]) for _ in range(rng.randint(1, 4))]
+    n = admit_greedy(surv, len(surv), cost, 10_000)
+    for r in range(len(surv)):
+        for j in range(7):
+            changed = [list(s) for s in surv]
+            cap = changed[r][j]  # later slots stay at or below slot j's survival
+            changed[r][j + 1:] = sorted((rng.uniform(0.0, cap) for _ in range(6 - j)), reverse=True)
+            m = admit_greedy(changed, len(surv), cost, 10_000)
+            assert (m[r] > j) == (n[r] > j), (r, j, surv, changed)
 
 
 # A quiet CPU engine's measured shape (cost_model.deviations): 2 tokens dearer than 3 or 4.
@@ -98,7 +130,8 @@ def test_deviations_interpolate_between_knots_and_hold_past_the_last():
 
 def test_a_dearer_small_batch_is_stepped_over_not_stopped_at():
     # t(1) = 24.5 ms, t(2) = 29 ms, t(3) = 23.5 ms, t(4) = 24 ms: one doubtful draft does not
-    # pay for the 2-token step, three drafts do (the paper's first stop admits none).
+    # pay for the 2-token step, three drafts do. Priced by t alone, the first stop admits
+    # none; priced by the cheapest step the slots can reach, it goes on to 3.
     surv = [survival([0.15, 0.66, 0.8])]
     assert _first_stop(surv, 1, HUMP, 100) == [0]
     assert admit_greedy(surv, 1, HUMP, 100) == [3]
