@@ -6,7 +6,7 @@ the model runner and the DSpark proposer, for plain decoding or a DSpark engine.
     python -m benchmarks.engine_profile adaptive     # DSpark with the load-aware budget
     python -m benchmarks.engine_profile fixed --k 7 --batch 1   # DSpark, K drafts every step
     python -m benchmarks.engine_profile capped --k 3  # K drafts a step on an engine sized for 7
-    python -m benchmarks.engine_profile shapes       # the target's forward by batch tokens
+    python -m benchmarks.engine_profile shapes       # the budget's start-up cost profile, afresh
 
 One `vllm.LLM`, by default with the engine and worker in this process (no RPC), the first
 `--batch` of 16 prompts (8 GSM8K held-out, 8 HumanEval) x 96 greedy tokens: a warm-up pass,
@@ -128,20 +128,21 @@ def in_process_llm(spec: dict | None, **kw):
                **kw)
 
 
-def forward_by_tokens(repeats: int, tokens=tuple(range(1, 17)) + (24, 32)) -> dict[int, float]:
-    """Median ms of the target's forward (vLLM's dummy run: no attention metadata, no
-    logits) per batch-token count, the counts visited in alternating order per repeat."""
-    llm = in_process_llm(None, max_num_seqs=16, enable_prefix_caching=False)
+def profiled_shapes() -> dict:
+    """The load-aware budget's start-up cost profile (`patches/cost_profile.py`) taken afresh
+    in this process on the bundled target and drafter: ms of a step by batch tokens (forward,
+    drafter dummy pass, logits at every token), the fastest shape per size."""
+    from dspark_vllm.cost_model import fastest_by_tokens
+    from dspark_vllm.patches.cost_profile import profile
+    from dspark_vllm.serving import BUNDLED_DRAFTER
+
+    spec = {"method": "dspark", "model": str(BUNDLED_DRAFTER), "num_speculative_tokens": 7,
+            "enable_adaptive_verification": True}
+    llm = in_process_llm(spec, max_num_seqs=16, enable_prefix_caching=False)
     runner = llm.llm_engine.engine_core.engine_core.model_executor.driver_worker.worker.model_runner
-    ms: dict[int, list[float]] = {t: [] for t in tokens}
-    for rep in range(repeats):
-        for t in (tokens if rep % 2 == 0 else tokens[::-1]):
-            runner._dummy_run(t)  # warm this shape
-            t0 = time.perf_counter()
-            for _ in range(5):
-                runner._dummy_run(t)
-            ms[t].append((time.perf_counter() - t0) / 5 * 1e3)
-    return {t: round(sorted(v)[len(v) // 2], 2) for t, v in ms.items()}
+    points, contended = profile(runner)
+    return {"mode": "shapes", "contended": contended, "step_ms_by_tokens": {
+        t: round(sec * 1e3, 1) for t, sec in fastest_by_tokens(points).items()}}
 
 
 def main(argv=None) -> None:
@@ -160,8 +161,10 @@ def main(argv=None) -> None:
     if not 1 <= args.batch <= 16 - args.offset:
         p.error(f"--batch {args.batch}: use 1 to {16 - args.offset} (the prompt set holds 16"
                 + (f", from prompt {args.offset})" if args.offset else ")"))
-    if args.mode == "shapes":  # --repeats repeats of 5 runs per token count
-        print(json.dumps({"mode": "shapes", "forward_ms_by_tokens": forward_by_tokens(args.repeats)}))
+    if args.repeats < 1:
+        p.error(f"--repeats {args.repeats}: use 1 or more")
+    if args.mode == "shapes":  # the profile's own repeats; --batch, --k, --repeats unused
+        print(json.dumps(profiled_shapes()), flush=True)
         return
     sized = args.mode in ("fixed", "adaptive", "capped")  # the modes --k sizes
     if sized and not 1 <= args.k <= 7:

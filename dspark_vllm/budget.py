@@ -31,7 +31,7 @@ class StepCost:
     interpolated linearly and held flat past the last: small batches need not follow the
     line. On the 2-core CPU with vLLM's oneDNN GEMMs a 2-token step of the bundled target
     costs more than a 4-token one, and a 1-token step does too (`engine_profile shapes`:
-    28.3, 23.7 and 25.6 ms; README, "The budget at one request"). Empty: the line alone."""
+    38.0, 32.5 and 34.7 ms; README, "The budget at one request"). Empty: the line alone."""
 
     alpha: float
     beta: float

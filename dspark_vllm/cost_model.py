@@ -106,15 +106,21 @@ def read_profile(path: Path, *, trusted_only: bool = False) -> list[tuple[int, f
     return points
 
 
-def deviations(points: list[tuple[int, float]], line: StepCost) -> tuple[tuple[int, float], ...]:
-    """StepCost.dev from profile points: each batch size's fastest time off the line, as
-    (T, seconds), zero where within DEV_MIN_SHARE of it; () when every point is on it."""
+def fastest_by_tokens(points: list[tuple[int, float]]) -> dict[int, float]:
+    """Profile points -> {batch tokens: the fastest of its shapes}, ascending."""
     fastest: dict[int, float] = {}
     for t, s in points:
         fastest[t] = min(s, fastest.get(t, s))
+    return dict(sorted(fastest.items()))
+
+
+def deviations(points: list[tuple[int, float]], line: StepCost) -> tuple[tuple[int, float], ...]:
+    """StepCost.dev from profile points: each batch size's fastest time off the line, as
+    (T, seconds), zero where within DEV_MIN_SHARE of it; () when every point is on it."""
+    fastest = fastest_by_tokens(points)
     dev = []
-    for t in sorted(fastest):
-        d = fastest[t] - line.seconds(t)
+    for t, s in fastest.items():
+        d = s - line.seconds(t)
         dev.append((t, d if abs(d) > DEV_MIN_SHARE * line.seconds(t) else 0.0))
     return tuple(dev) if any(d for _, d in dev) else ()
 

@@ -63,7 +63,7 @@ def _time_shapes(runner) -> list[tuple[int, float]]:
     saved = runner.uniform_decode_query_len
     points, t_end = [], time.perf_counter() + TIME_CAP_S
     shapes = [(1, q) for q in SINGLE_QUERY_LENS] + [
-        (b, q) for q in QUERY_LENS for b in BATCHES if b > 1 and b <= max_seqs]
+        (b, q) for q in QUERY_LENS for b in BATCHES if 1 < b <= max_seqs]
     try:
         for b, q in shapes:
             if b * q > runner.max_num_tokens:
