@@ -20,6 +20,7 @@ BLOCK_DROP_ENV = "DSPARK_EAGLE_BLOCK_DROP"  # "1": vLLM's EAGLE prefix-cache blo
 DEFER_ENV = "DSPARK_DEFER_CONTEXT"  # "0": write the drafter's context K/V every step
 HANDOVER_ENV = "DSPARK_DRAFT_HANDOVER"  # "0": drafts reach the engine by vLLM's extra RPC
 GATE_ENV = "DSPARK_GATE_VERDICT"  # what the draft gate measures by (gate.py)
+TRACE_ENV = "DSPARK_STEP_TRACE"  # a directory: every engine step as a JSON line (ledger_scheduler)
 DRIFT_ENV = "DSPARK_CONFIDENCE_DRIFT"  # "1": rescale confidences to the acceptance served
 GATE_VERDICTS = {"paired": "each exploration burst against the steps just before it, the default",
                  "arms": "each arm's running mean"}

@@ -9,16 +9,44 @@ kind, with the model step's seconds and the whole engine cycle, in `/dspark/stat
 (`steps_by_kind`; by batch size too, `steps_by_load`) and on `/metrics` (`dspark_steps_total`,
 `dspark_step_cycle_seconds_total`), so a plain server's step costs can be read beside a
 DSpark one's. Scheduling is untouched.
+
+With DSPARK_STEP_TRACE=DIR each engine process also appends every step to
+DIR/steps-<pid>.jsonl, one JSON object a line (StepTrace): what the totals above cannot
+show, such as when prefill chunks ran and how long new requests waited for them.
 """
 
 from __future__ import annotations
 
+import json
+import os
 import time
+from pathlib import Path
 
 from vllm.v1.core.sched.scheduler import Scheduler
 
+from .config import TRACE_ENV
 from .gate import StepLedger, step_kind
 from .metrics import DSparkStats
+
+
+class StepTrace:
+    """Every finished step as one JSON line: `t` (wall clock at its end), `kind`, `batch`
+    (requests scheduled), `waiting` (requests queued behind them), `tokens` (scheduled),
+    `prefill` (tokens of prefill chunks), `verified` (draft tokens sent to verification),
+    `slots` (draft slots the step drafted), `generated` and `seconds` (the model step).
+    Line-buffered: a trace read while the server runs is whole up to its last step."""
+
+    def __init__(self, directory: str) -> None:
+        path = Path(directory)
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+            self.file = open(path / f"steps-{os.getpid()}.jsonl", "a", buffering=1)
+        except OSError as e:
+            raise ValueError(f"{TRACE_ENV}={directory!r}: cannot write a step trace there "
+                             f"({e}); give a writable directory, or unset it") from e
+
+    def write(self, **row) -> None:
+        self.file.write(json.dumps(row) + "\n")
 
 
 class LedgerScheduler(Scheduler):
@@ -31,6 +59,8 @@ class LedgerScheduler(Scheduler):
         self._cycle_start = 0.0
         self._step_start: float | None = None
         self._step_tokens = self._step_slots = 0  # this step: scheduled tokens, draft slots
+        trace = os.environ.get(TRACE_ENV)
+        self.trace = StepTrace(trace) if trace else None
 
     def schedule(self, *args, **kwargs):
         now = time.perf_counter()
@@ -73,6 +103,13 @@ class LedgerScheduler(Scheduler):
         self.ledger.observe(kind, seconds, tokens, prefill,
                             batch=len(scheduler_output.num_scheduled_tokens))
         self._last_kind = kind if self.running else None  # idle time is no step's cycle
+        if self.trace is not None:
+            self.trace.write(t=round(time.time(), 4), kind=kind,
+                             batch=len(scheduler_output.num_scheduled_tokens),
+                             waiting=len(self.waiting), tokens=sum(
+                                 scheduler_output.num_scheduled_tokens.values()),
+                             prefill=prefill, verified=sum(len(v) for v in specs.values()),
+                             slots=self._step_slots, generated=tokens, seconds=round(seconds, 5))
         return prefill, tokens
 
     def _status(self) -> dict:

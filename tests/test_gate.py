@@ -188,7 +188,7 @@ def test_scheduler_feeds_only_clean_pure_decode_steps_to_the_arms():
 
     fake = SimpleNamespace(rates=RealisedRates(min_samples=1), ledger=StepLedger(),
                            paired=PairedBursts(), _burst=False,
-                           _prev_slots=0, _step_slots=0, running=[object()])
+                           _prev_slots=0, _step_slots=0, running=[object()], trace=None)
     fake._file_step = lambda *a: LedgerScheduler._file_step(fake, *a)
     observe = DSparkScheduler._observe_rate
     fake._step_slots = 8  # off -> on: verifies nothing, drafts: a transition
@@ -221,6 +221,31 @@ def test_scheduler_feeds_only_clean_pure_decode_steps_to_the_arms():
     assert sum(r["steps"] for r in by_load["4"].values()) == 4
     assert by_load["6"] == {"prefill_verify_draft": {"steps": 1, "seconds": 0.5,
                                                      "generated_tokens": 4, "prefill_tokens": 30}}
+
+
+def test_the_step_trace_writes_every_step_as_a_json_line(tmp_path, monkeypatch):
+    import json
+    import os
+    from types import SimpleNamespace
+
+    import pytest
+
+    from dspark_vllm.ledger_scheduler import LedgerScheduler, StepTrace
+
+    fake = SimpleNamespace(ledger=StepLedger(), running=[object()], waiting=[object()] * 3,
+                           _step_slots=8, trace=StepTrace(str(tmp_path / "trace")))
+    LedgerScheduler._file_step(fake, _step(4, 2, prefill=30), [[1, 2, 3]] * 4, 0.25, True)
+    LedgerScheduler._file_step(fake, _step(4, 0), [[1]] * 4, 0.1, False)
+    rows = [json.loads(line) for line in
+            (tmp_path / "trace" / f"steps-{os.getpid()}.jsonl").read_text().splitlines()]
+    assert [r["kind"] for r in rows] == ["prefill_verify_draft", "decode_noverify_nodraft"]
+    assert {k: rows[0][k] for k in ("batch", "waiting", "tokens", "prefill", "verified",
+                                    "slots", "generated", "seconds")} == {
+        "batch": 5, "waiting": 3, "tokens": 42, "prefill": 30, "verified": 8, "slots": 8,
+        "generated": 12, "seconds": 0.25}
+    (tmp_path / "file").write_text("")
+    with pytest.raises(ValueError, match="DSPARK_STEP_TRACE=.*file.*writable directory"):
+        StepTrace(str(tmp_path / "file"))
 
 
 def test_the_ledger_files_steps_by_load_bucket():
