@@ -261,10 +261,11 @@ def write_report(out: Path, results: dict) -> None:
                          f"{f(g['drafted_share'] and 100 * g['drafted_share'], '.0f')} |")
         lines += ["", "Batch: the gate's load bucket (13-16 requests file under 16). The ledger "
                   "column is over the instance's whole life, every concurrency it served."]
-        src = ("prediction", "verdict", "exploration")
-        lines += ["", "What set each step's drafting state (steps drafted / undrafted):", "",
+        src = ("prediction", "verdict", "exploration", "arrivals")
+        lines += ["", "What set each step's drafting state (steps drafted / undrafted; arrivals: "
+                  "planned drafting called off because requests arrived past where it pays):", "",
                   "| config | instance | verdict by | " + " | ".join(src) + " |",
-                  "|---|---|---|---|---|---|"]
+                  "|---|---|---|---|---|---|---|"]
         for name, r in results.items():
             for i, st in enumerate(r.get("instance_status") or []):
                 gate = (st or {}).get("gate") or {}

@@ -21,7 +21,7 @@ from .budget import (AcceptanceEstimator, ConfidenceDrift, SurvivalPool, admit_g
                      admit_top, plan_draft, production_budget, survival)
 from .config import DRIFT_ENV, GATE_ENV
 from .cost_model import DRAFT_PRIOR, CostModel, profile_key, profile_path
-from .gate import EXPLORE_MARGIN, TIE_MARGIN, Explorer, PairedBursts, RealisedRates
+from .gate import EXPLORE_MARGIN, TIE_MARGIN, Explorer, PairedBursts, RealisedRates, bucket
 from .ledger_scheduler import LedgerScheduler
 
 log = logging.getLogger("vllm.dspark.scheduler")
@@ -65,6 +65,8 @@ class DSparkScheduler(LedgerScheduler):
         self._burst_next = self._burst = False  # the next / running step is a burst's
         self._prev_slots = 0  # slots the previous step drafted (what this one verifies)
         self.draft_len = self.max_drafts  # slots drafted per request next step
+        self._planned_for = 0  # the running requests the draft length was planned for
+        self._source = "prediction"  # what set it (counted in decided_by)
         log.info("DSpark load-aware budget: policy=%s, cost %s (%s)", self.policy,
                  self.cost_model.cost, "profiled" if self.cost_model.profile else "prior")
 
@@ -125,40 +127,66 @@ class DSparkScheduler(LedgerScheduler):
         self._observe_costs(draft_s)
         super().update_draft_token_ids(draft_token_ids)
 
-    def _plan_next_draft(self, surv, counts, num_running: int, token_budget: int,
-                         req_ids=()) -> None:
-        """The next step's draft length: whether to draft at all is the measured verdict
-        (gate.PairedBursts: each exploration burst against the steps just before it) where
-        the predicted gain (budget.plan_draft) is unsure and enough bursts are paired at
-        this load, else the prediction; gate.Explorer spends short bursts on the other
-        choice where neither the prediction nor the measurement is sure. With
-        DSPARK_GATE_VERDICT=arms the verdict is gate.RealisedRates' instead (each arm's
-        running mean). Decided from finished steps only, before the next drafts exist."""
-        self._pool.add(req_ids, surv)
-        if not num_running:
-            return
+    def _gate_choice(self, counts, num_running: int, token_budget: int):
+        """-> (draft length, predicted gain, verdict, whether to draft) at `num_running`
+        requests: the measured verdict (gate.PairedBursts, or the arms with
+        DSPARK_GATE_VERDICT=arms) where the predicted gain (budget.plan_draft) is unsure,
+        else the prediction. Measurement overrules the prediction only there: a rare batch
+        size's few samples (first-shape warm-up, a closed loop's tail) must not switch
+        drafting off for a quiet engine where it clearly pays. Where the measurement is
+        unsure too (verdict None), the prediction must clear the tie margin: a drafting
+        run pays transitions neither cost line sees."""
         length, gain = plan_draft(self._pool.curves(), counts, num_running, self.cost_model.cost,
                                   self.draft_cost.cost, token_budget, self.max_drafts,
                                   DRAFT_HEADROOM)
-        # Measurement overrules the prediction only where the prediction is unsure: a rare
-        # batch size's few samples (first-shape warm-up, a closed loop's tail) must not
-        # switch drafting off for a quiet engine where it clearly pays. Where the arms are
-        # unsure too (verdict None), the prediction must clear the tie margin: a drafting
-        # run pays transitions neither cost line sees.
         verdict = self.measure.verdict(num_running)
         measured = verdict if gain < EXPLORE_MARGIN else None
         chosen = measured if measured is not None else gain > 1.0 + TIE_MARGIN
+        return length, gain, verdict, measured, chosen
+
+    def _plan_next_draft(self, surv, counts, num_running: int, token_budget: int,
+                         req_ids=()) -> None:
+        """The next step's draft length (_gate_choice); gate.Explorer spends short bursts on
+        the other choice where neither the prediction nor the measurement is sure. Decided
+        from finished steps only, before the next drafts exist."""
+        self._pool.add(req_ids, surv)
+        if not num_running:
+            return
+        length, gain, verdict, measured, chosen = self._gate_choice(counts, num_running,
+                                                                    token_budget)
         # A clear measured win is not re-checked either: each burst at one request costs
         # half its steps' tokens. Until a load is judged, its bursts come sooner.
         on = self.explorer.decide(chosen, gain, self.measure.gain(num_running), num_running,
                                   judged=verdict is not None)
         self.draft_len = self.stats.draft_len = length if on else 0
+        self._planned_for = num_running
         # What set this state, counted per step (status, /metrics): where drafting ran on
         # a prediction the arms never confirmed, or on exploration alone, shows here.
         self._burst_next = self.explorer.probing
         source = ("exploration" if self._burst_next else
                   "verdict" if measured is not None else "prediction")
+        self._source = source
         self.decided_by.setdefault(source, [0, 0])[int(self.draft_len > 0)] += 1
+
+    def _recheck_arrivals(self, batch: int) -> None:
+        """The plan was made for the requests running after the last step; requests that
+        arrived since (a closed loop's next wave, a burst of traffic) can lift the load past
+        where drafting pays. Planned drafting is then decided again at the scheduled `batch`
+        (_gate_choice, no exploration). Served at 16 requests, each wave arriving after the
+        batch had drained made its prefill step draft for all 16, and the step after it
+        verify them (a DSPARK_STEP_TRACE of the served sweep, README 2026-12-05). Reads the
+        batch's size and past steps only, never a draft's outcome."""
+        if not self.draft_len or self._burst_next or bucket(batch) <= bucket(self._planned_for):
+            return
+        *_, chosen = self._gate_choice([], batch, self.max_num_scheduled_tokens)
+        self._planned_for = batch
+        if chosen:
+            return
+        self.draft_len = self.stats.draft_len = 0
+        counted = self.decided_by.get(self._source)
+        if counted and counted[1]:
+            counted[1] -= 1  # the step was counted as drafting
+        self.decided_by.setdefault("arrivals", [0, 0])[0] += 1
 
     def _observe_costs(self, draft_seconds: float) -> None:
         """Feed the last step's time to the two cost models: the step without its draft
@@ -174,6 +202,7 @@ class DSparkScheduler(LedgerScheduler):
 
     # ---------------------------------------------------------------- feedback
     def _shape_step(self, out):
+        self._recheck_arrivals(len(out.num_scheduled_tokens))
         out.num_spec_tokens_to_schedule = min(out.num_spec_tokens_to_schedule, self.draft_len)
         self._burst, self._burst_next = self._burst_next, False
         if out.num_scheduled_tokens and not out.num_spec_tokens_to_schedule:

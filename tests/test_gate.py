@@ -270,6 +270,7 @@ def _fake_scheduler(pool):
 
     from dspark_vllm.budget import SurvivalPool
     from dspark_vllm.cost_model import CostModel
+    from dspark_vllm.scheduler import DSparkScheduler
 
     survivals = SurvivalPool(64)
     survivals.add([f"req-{i}" for i in range(len(pool))], pool)
@@ -279,6 +280,7 @@ def _fake_scheduler(pool):
                            paired=PairedBursts(),
                            stats=SimpleNamespace(draft_len=7), draft_len=7, decided_by={})
     fake.measure = fake.rates
+    fake._gate_choice = lambda *a: DSparkScheduler._gate_choice(fake, *a)
     return fake
 
 

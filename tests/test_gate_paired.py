@@ -219,3 +219,42 @@ def test_pairs_read_one_requests_throughput_not_a_geometric_mean():
         q.pairs[1] = w
         sure_loss += q.verdict(1) is False
     assert sure_loss / len(windows) < 0.05
+
+
+def test_planned_drafting_is_called_off_when_arrivals_lift_the_load_past_a_loss():
+    """The plan is made for the requests running after a step; when a wave of requests
+    arrives before the next one (a closed loop's drained batch refilling), planned drafting
+    is decided again at the scheduled batch: called off where the verdict there is a loss,
+    kept where drafting pays there, and never touched for a burst or a load that fell."""
+    from dspark_vllm.scheduler import DSparkScheduler
+
+    plan, recheck = DSparkScheduler._plan_next_draft, DSparkScheduler._recheck_arrivals
+    p = next(p / 100 for p in range(30, 100)
+             if 1.05 < plan_draft([survival([p / 100] * 7)] * 8, [], 16, COST, DRAFT, 10_000,
+                                  7)[1] < 1.3)
+
+    def planned_at_one():
+        fake = _fake_scheduler([survival([p] * 7)] * 8)
+        fake.measure, fake.max_num_scheduled_tokens = fake.paired, 10_000
+        plan(fake, [], [], 1, 10_000)  # one request: the prediction says draft
+        assert fake.draft_len > 0 and fake.decided_by == {"prediction": [0, 1]}
+        return fake
+
+    fake = planned_at_one()
+    recheck(fake, 16)  # unjudged at 16: the prediction there (a gain) decides, drafting stays
+    assert fake.draft_len > 0 and "arrivals" not in fake.decided_by
+    fake = planned_at_one()
+    for _ in range(3):  # three bursts at 16, each level with the steps before it: a loss
+        _run(fake.paired, [(False, 16, False, 100.0)] * 3 + _burst(16, True, [100.0] * 3))
+    recheck(fake, 3)  # a load that fell, or stayed within its bucket: untouched
+    recheck(fake, 1)
+    assert fake.draft_len > 0
+    fake._burst_next = True  # a burst's drafting is the exploration's, not the plan's
+    recheck(fake, 16)
+    assert fake.draft_len > 0
+    fake._burst_next = False
+    recheck(fake, 16)
+    assert fake.draft_len == 0 and fake.stats.draft_len == 0
+    assert fake.decided_by == {"prediction": [0, 0], "arrivals": [1, 0]}
+    recheck(fake, 16)  # nothing planned any more: nothing to call off
+    assert fake.decided_by["arrivals"] == [1, 0]
