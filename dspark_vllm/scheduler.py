@@ -21,7 +21,8 @@ from .budget import (AcceptanceEstimator, ConfidenceDrift, SurvivalPool, admit_g
                      admit_top, plan_draft, production_budget, survival)
 from .config import DRIFT_ENV, GATE_ENV
 from .cost_model import DRAFT_PRIOR, CostModel, profile_key, profile_path
-from .gate import EXPLORE_MARGIN, TIE_MARGIN, Explorer, PairedBursts, RealisedRates, bucket
+from .gate import (EXPLORE_MARGIN, PROVE_MIN_BATCH, TIE_MARGIN, Explorer, PairedBursts,
+                   RealisedRates, bucket)
 from .ledger_scheduler import LedgerScheduler
 
 log = logging.getLogger("vllm.dspark.scheduler")
@@ -134,14 +135,20 @@ class DSparkScheduler(LedgerScheduler):
         else the prediction. Measurement overrules the prediction only there: a rare batch
         size's few samples (first-shape warm-up, a closed loop's tail) must not switch
         drafting off for a quiet engine where it clearly pays. Where the measurement is
-        unsure too (verdict None), the prediction must clear the tie margin: a drafting
-        run pays transitions neither cost line sees."""
+        unsure too (verdict None): from PROVE_MIN_BATCH requests up, do not draft until a
+        measured win (exploration bursts measure it); below, the prediction must clear the
+        tie margin: a drafting run pays transitions neither cost line sees."""
         length, gain = plan_draft(self._pool.curves(), counts, num_running, self.cost_model.cost,
                                   self.draft_cost.cost, token_budget, self.max_drafts,
                                   DRAFT_HEADROOM)
         verdict = self.measure.verdict(num_running)
         measured = verdict if gain < EXPLORE_MARGIN else None
-        chosen = measured if measured is not None else gain > 1.0 + TIE_MARGIN
+        if measured is not None:
+            chosen = measured
+        elif gain < EXPLORE_MARGIN and bucket(num_running) >= PROVE_MIN_BATCH:
+            chosen = False  # a busy load: an unsure gain must be measured first (gate.py)
+        else:
+            chosen = gain > 1.0 + TIE_MARGIN
         return length, gain, verdict, measured, chosen
 
     def _plan_next_draft(self, surv, counts, num_running: int, token_budget: int,

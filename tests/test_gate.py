@@ -296,14 +296,20 @@ def test_measurement_overrules_only_an_unsure_prediction():
         fake.rates.observe(1, False, 1, 0.02)
     plan(fake, [], [], 1, 10_000)
     assert fake.draft_len > 0  # the prediction is sure: keep drafting
-    # A busy engine where the prediction only just favours drafting: measurement decides.
+    # A busy engine where the prediction only just favours drafting: measurement decides,
+    # and until it does the tie goes to the cheaper path (gate.PROVE_MIN_BATCH).
     p = next(p / 100 for p in range(30, 100)
              if 1.05 < plan_draft([survival([p / 100] * 7)] * 8, [], 16, COST, DRAFT, 10_000,
                                   7)[1] < 1.3)
     unsure = [survival([p] * 7)] * 8
     fake = _fake_scheduler(unsure)
     plan(fake, [], [], 16, 10_000)
-    assert fake.draft_len > 0  # nothing measured yet: the prediction says draft
+    assert fake.draft_len == 0  # nothing measured yet: not drafted on an unsure gain
+    fake.rates.observe(16, True, 48, 0.2)  # measured: drafted steps 240 tok/s, undrafted 160
+    fake.rates.observe(16, False, 16, 0.1)
+    plan(fake, [], [], 16, 10_000)
+    assert fake.draft_len > 0
+    fake = _fake_scheduler(unsure)
     fake.rates.observe(16, True, 20, 0.2)
     fake.rates.observe(16, False, 16, 0.1)
     plan(fake, [], [], 16, 10_000)
@@ -391,17 +397,25 @@ def test_the_scheduler_explores_sooner_where_a_busy_load_is_not_judged():
 
 
 def test_an_unmeasured_prediction_must_clear_the_tie_margin():
-    """Nothing measured at 16 requests: a predicted gain inside the 3% tie margin does not
-    draft (a drafting run pays transitions neither cost line sees); one above it does."""
+    """Nothing measured at 3 requests: a predicted gain inside the 3% tie margin does not
+    draft (a drafting run pays transitions neither cost line sees); one above it does. At
+    16 requests (a busy load, gate.PROVE_MIN_BATCH) neither drafts until measured; a sure
+    predicted gain (above EXPLORE_MARGIN) drafts at any load."""
     from dspark_vllm.scheduler import DSparkScheduler
 
     plan = DSparkScheduler._plan_next_draft
-    gains = {p: plan_draft([survival([p / 10_000] * 7)] * 8, [], 16, COST, DRAFT, 10_000, 7)[1]
-             for p in range(3_000, 10_000, 5)}
-    tie = next(p for p, g in gains.items() if 1.0 < g < 1.03) / 10_000
-    win = next(p for p, g in gains.items() if 1.05 < g < 1.3) / 10_000
-    for p, drafts in ((tie, False), (win, True)):
-        fake = _fake_scheduler([survival([p] * 7)] * 8)
-        plan(fake, [], [], 16, 10_000)
-        assert (fake.draft_len > 0) is drafts
 
+    def drafts(p: float, batch: int) -> bool:
+        fake = _fake_scheduler([survival([p] * 7)] * 8)
+        plan(fake, [], [], batch, 10_000)
+        return fake.draft_len > 0
+
+    for batch, busy in ((3, False), (16, True)):
+        gains = {p: plan_draft([survival([p / 10_000] * 7)] * 8, [], batch, COST, DRAFT,
+                               10_000, 7)[1] for p in range(1_000, 10_000, 5)}
+        tie = next(p for p, g in gains.items() if 1.0 < g < 1.03) / 10_000
+        win = next(p for p, g in gains.items() if 1.05 < g < 1.3) / 10_000
+        sure = next(p for p, g in gains.items() if 1.35 < g < 3.0) / 10_000
+        assert not drafts(tie, batch)
+        assert drafts(win, batch) is not busy
+        assert drafts(sure, batch)

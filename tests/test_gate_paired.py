@@ -133,10 +133,11 @@ def test_the_scheduler_tags_burst_steps_and_counts_what_decided():
     for _ in range(40):
         plan(fake, [], [], 16, 10_000)
         bursts.append(fake._burst_next)
-    # Nothing measured: the prediction drafts; every 8 steps a burst of 4 does not.
+    # Nothing measured at a busy load: the unsure prediction does not draft; every 8 steps
+    # a burst of 4 does, to measure it.
     assert sum(bursts) == 4 * fake.explorer.bursts and fake.explorer.bursts >= 2
-    assert fake.decided_by["prediction"] == [0, 40 - sum(bursts)]
-    assert fake.decided_by["exploration"] == [sum(bursts), 0]
+    assert fake.decided_by["prediction"] == [40 - sum(bursts), 0]
+    assert fake.decided_by["exploration"] == [0, sum(bursts)]
 
 
 def test_gate_decisions_reach_prometheus(tmp_path, monkeypatch):
@@ -224,8 +225,9 @@ def test_pairs_read_one_requests_throughput_not_a_geometric_mean():
 def test_planned_drafting_is_called_off_when_arrivals_lift_the_load_past_a_loss():
     """The plan is made for the requests running after a step; when a wave of requests
     arrives before the next one (a closed loop's drained batch refilling), planned drafting
-    is decided again at the scheduled batch: called off where the verdict there is a loss,
-    kept where drafting pays there, and never touched for a burst or a load that fell."""
+    is decided again at the scheduled batch: called off at a busy load where drafting is
+    measured to lose or not yet measured to win, kept where it pays, and never touched for
+    a burst or a load that fell."""
     from dspark_vllm.scheduler import DSparkScheduler
 
     plan, recheck = DSparkScheduler._plan_next_draft, DSparkScheduler._recheck_arrivals
@@ -241,7 +243,14 @@ def test_planned_drafting_is_called_off_when_arrivals_lift_the_load_past_a_loss(
         return fake
 
     fake = planned_at_one()
-    recheck(fake, 16)  # unjudged at 16: the prediction there (a gain) decides, drafting stays
+    recheck(fake, 3)  # 3 requests: a quiet load, the prediction there still says draft
+    assert fake.draft_len > 0 and "arrivals" not in fake.decided_by
+    recheck(fake, 16)  # unmeasured at 16, a thin predicted gain: called off
+    assert fake.draft_len == 0 and fake.decided_by["arrivals"] == [1, 0]
+    fake = planned_at_one()
+    for _ in range(3):  # three bursts at 16, each well ahead of the steps before it: a win
+        _run(fake.paired, [(False, 16, False, 100.0)] * 3 + _burst(16, True, [160.0] * 3))
+    recheck(fake, 16)
     assert fake.draft_len > 0 and "arrivals" not in fake.decided_by
     fake = planned_at_one()
     for _ in range(3):  # three bursts at 16, each level with the steps before it: a loss
