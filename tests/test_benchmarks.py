@@ -328,3 +328,33 @@ def test_kernel_benchmark_refuses_a_bad_device_by_name(argv, bad, capsys):
     with pytest.raises(SystemExit):
         bench_kernels.main(argv)
     assert bad in capsys.readouterr().err
+
+
+def test_step_trace_sets_drafted_steps_beside_plain_ones_by_batch(tmp_path, capsys):
+    import json
+
+    from benchmarks import step_trace
+
+    def row(batch, seconds, generated, prefill=0, verified=0, slots=0):
+        return {"t": 0.0, "kind": "", "batch": batch, "waiting": 0, "tokens": batch,
+                "prefill": prefill, "verified": verified, "slots": slots,
+                "generated": generated, "seconds": seconds}
+
+    plain = [row(8, 0.05, 8), row(8, 0.05, 8), row(8, 0.4, 9, prefill=300)]
+    spec = [row(8, 0.1, 16, verified=16, slots=16),  # drafted: 160 tok/s against 160
+            row(8, 0.05, 8),  # undrafted
+            row(8, 0.08, 12, verified=16),  # a transition: left out
+            row(2, 0.04, 4, verified=4, slots=4)]
+    d = tmp_path / "trace"
+    d.mkdir()
+    for name, rows in (("steps-1.jsonl", plain), ("steps-2.jsonl", spec)):
+        (d / name).write_text("".join(json.dumps(r) + "\n" for r in rows))
+    table = step_trace.by_batch([plain, spec])
+    assert table[8] == {"plain": [2, 0.1, 16], "drafted": [1, 0.1, 16], "undrafted": [1, 0.05, 8]}
+    assert table[2]["plain"] == [0, 0.0, 0] and list(table) == [2, 8]
+    step_trace.main([str(d)])
+    out = capsys.readouterr().out
+    assert "2 traces: 1 plain, 1 speculative" in out
+    assert out.strip().splitlines()[-1].endswith("| 1.00x |")
+    with pytest.raises(SystemExit, match="no steps"):
+        step_trace.main([str(tmp_path)])

@@ -1,0 +1,92 @@
+"""Read the step traces servers write with DSPARK_STEP_TRACE=DIR (ledger_scheduler.StepTrace).
+
+    DSPARK_STEP_TRACE=runs/trace python -m benchmarks.serving_sweep ...   # every server traces
+    python -m benchmarks.step_trace runs/trace [more trace directories, pooled]
+
+Each trace file is one engine process. A file whose steps never drafted nor verified is a
+plain server's; the rest are speculative ones. For each batch size the table sets the plain
+servers' decode steps beside the speculative servers' decode steps that verified drafts and
+drafted again (the steady drafting state) and those that did neither: milliseconds a step,
+tokens a step and tokens per second, summed over the files of each side. Prefill steps are
+left out (their cost is the prompt's, not the decoding's). This is the view that showed
+drafting level with plain decoding at 9-14 requests while the gate's prediction read a gain
+(README, 2026-12-05).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections import defaultdict
+from pathlib import Path
+
+SIDES = ("plain", "drafted", "undrafted")
+
+
+def read(path: Path) -> list[dict]:
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def speculative(rows: list[dict]) -> bool:
+    return any(r["slots"] or r["verified"] for r in rows)
+
+
+def by_batch(files: list[list[dict]]) -> dict[int, dict[str, list[float]]]:
+    """{batch: {side: [steps, seconds, generated tokens]}} over decode steps only."""
+    table: dict[int, dict[str, list[float]]] = defaultdict(lambda: {s: [0, 0.0, 0] for s in SIDES})
+    for rows in files:
+        spec = speculative(rows)
+        for r in rows:
+            if r["prefill"]:
+                continue
+            if not spec:
+                side = "plain"
+            elif r["verified"] and r["slots"]:
+                side = "drafted"
+            elif not r["verified"] and not r["slots"]:
+                side = "undrafted"
+            else:
+                continue  # a transition between the two states
+            row = table[r["batch"]][side]
+            row[0] += 1
+            row[1] += r["seconds"]
+            row[2] += r["generated"]
+    return dict(sorted(table.items()))
+
+
+def markdown(table: dict[int, dict[str, list[float]]]) -> list[str]:
+    def cell(row):
+        n, s, t = row
+        return f"{n} | {1e3 * s / n:.1f} | {t / n:.2f} | {t / s:.1f}" if n and s else "- | - | - | -"
+
+    head = " | ".join(f"{side}: steps | ms | tok/step | tok/s" for side in SIDES)
+    lines = [f"| batch | {head} | drafted / plain tok/s |",
+             "|---" * (2 + 4 * len(SIDES)) + "|"]
+    for b, sides in table.items():
+        p, d = sides["plain"], sides["drafted"]
+        ratio = (f"{(d[2] / d[1]) / (p[2] / p[1]):.2f}x" if p[0] and d[0] and p[1] and d[1]
+                 else "-")
+        lines.append(f"| {b} | " + " | ".join(cell(sides[s]) for s in SIDES) + f" | {ratio} |")
+    return lines
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("trace_dir", nargs="+", help="directories given as DSPARK_STEP_TRACE")
+    args = ap.parse_args(argv)
+    paths = []
+    for d in args.trace_dir:
+        found = sorted(Path(d).glob("steps-*.jsonl"))
+        if not found:
+            raise SystemExit(f"{d}: no steps-*.jsonl here; serve with DSPARK_STEP_TRACE={d} "
+                             "first")
+        paths += found
+    files = [rows for rows in map(read, paths) if rows]
+    kinds = sum(map(speculative, files))
+    print(f"{len(files)} traces: {len(files) - kinds} plain, {kinds} speculative\n")
+    print("\n".join(markdown(by_batch(files))))
+
+
+if __name__ == "__main__":
+    main()
