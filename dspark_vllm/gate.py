@@ -72,13 +72,15 @@ WARM_MIN_BATCH = 4  # no warm bursts below this load: at one request a pair read
     # undrafted burst steps against 16), and four gave one instance a false "do not draft"
     # for 431 steps (0.78x K = 3; README, 2026-12-04). There drafting pays ~1.5x and the
     # prediction is what should decide
-PROVE_MIN_BATCH = WARM_MIN_BATCH  # from this load up, drafting the prediction is unsure of
-    # (gain under EXPLORE_MARGIN) waits for a measured win: unmeasured, the tie goes to the
-    # cheaper path. The prediction runs optimistic where the gain is thin: served at 9-14
-    # requests (16-request windows draining, 2026-12-05) it read 1.1-1.3x while drafted
-    # steps made 0.92-1.05x plain's tokens per second at the same batch (step traces,
-    # README), and one instance whose pairs stayed unsure (1.04x +- 7%, 4 pairs) drafted on
-    # the prediction at 16 for 294 steps and read 0.87x plain
+PROVE_MIN_BATCH = 9  # from this load up, drafting the prediction is unsure of (gain under
+    # EXPLORE_MARGIN) waits for a measured win: unmeasured, the tie goes to the cheaper path.
+    # Served at 9-14 requests (16-request windows draining, 2026-12-05) drafted steps made
+    # 0.92-1.05x plain's tokens per second at the same batch while the prediction read
+    # 1.1-1.3x (step traces, README), and one instance whose pairs stayed unsure (1.04x +- 7%,
+    # 4 pairs) drafted on the prediction at 16 for 294 steps and read 0.87x plain. Not lower:
+    # at 5-8 drafting made 1.10-1.48x, and from 4 requests up (tried first) the pairs' noise
+    # at 4 left the verdict unsure and drafting off (0.12 verified drafts a request-step at 4
+    # requests, 1.91 in the 2026-12-04 sweep)
 
 
 # Student's t at 97.5% by degrees of freedom (1-15: PAIRS_KEPT pairs at most); 1.96 beyond.
