@@ -142,10 +142,16 @@ class DSparkScheduler(LedgerScheduler):
                                   self.draft_cost.cost, token_budget, self.max_drafts,
                                   DRAFT_HEADROOM)
         verdict = self.measure.verdict(num_running)
-        measured = verdict if gain < EXPLORE_MARGIN else None
+        busy = bucket(num_running) >= PROVE_MIN_BATCH
+        # No curve for any running request (gain inf: no evidence, draft to learn) says
+        # nothing of a busy load the measurement has judged: at 16 requests, once drafting
+        # is off the pool empties as its requests finish, and each time it did, the gate
+        # drafted again on no evidence (README, 2026-12-05).
+        unsure = gain < EXPLORE_MARGIN or (math.isinf(gain) and busy)
+        measured = verdict if unsure else None
         if measured is not None:
             chosen = measured
-        elif gain < EXPLORE_MARGIN and bucket(num_running) >= PROVE_MIN_BATCH:
+        elif gain < EXPLORE_MARGIN and busy:
             chosen = False  # a busy load: an unsure gain must be measured first (gate.py)
         else:
             chosen = gain > 1.0 + TIE_MARGIN

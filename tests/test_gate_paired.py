@@ -267,3 +267,25 @@ def test_planned_drafting_is_called_off_when_arrivals_lift_the_load_past_a_loss(
     assert fake.decided_by == {"prediction": [0, 0], "arrivals": [1, 0]}
     recheck(fake, 16)  # nothing planned any more: nothing to call off
     assert fake.decided_by["arrivals"] == [1, 0]
+
+
+def test_a_judged_busy_load_is_not_drafted_on_no_evidence():
+    """An empty pool (no running request has a curve) means no evidence: draft and learn.
+    At a busy load whose measured verdict is in, that verdict decides instead: with drafting
+    off, the pool empties as requests finish, and drafting on no evidence each time undid
+    the verdict. A quiet engine still drafts to learn."""
+    from dspark_vllm.scheduler import DSparkScheduler
+
+    plan = DSparkScheduler._plan_next_draft
+    fake = _fake_scheduler([])
+    fake.measure = fake.paired
+    plan(fake, [], [], 16, 10_000)
+    assert fake.draft_len == 7  # nothing measured at 16: draft and learn
+    for _ in range(3):  # three bursts at 16, each level with the steps before it: a loss
+        _run(fake.paired, [(False, 16, False, 100.0)] * 3 + _burst(16, True, [100.0] * 3))
+    plan(fake, [], [], 16, 10_000)
+    assert fake.draft_len == 0 and fake.decided_by["verdict"] == [1, 0]
+    for _ in range(3):  # the same at one request: a quiet engine drafts to learn
+        _run(fake.paired, [(False, 1, False, 100.0)] * 3 + _burst(1, True, [100.0] * 3))
+    plan(fake, [], [], 1, 10_000)
+    assert fake.draft_len == 7
