@@ -76,7 +76,7 @@ PROVE_MIN_BATCH = 9  # from this load up, drafting the prediction is unsure of (
     # EXPLORE_MARGIN) waits for a measured win: unmeasured, the tie goes to the cheaper path.
     # Served at 9-14 requests (16-request windows draining, 2026-12-05) drafted steps made
     # 0.92-1.05x plain's tokens per second at the same batch while the prediction read
-    # 1.1-1.3x (step traces, README), and one instance whose pairs stayed unsure (1.04x +- 7%,
+    # 1.11-1.22x at 12 (step traces, README), and one instance whose pairs stayed unsure (1.04x +- 7%,
     # 4 pairs) drafted on the prediction at 16 for 294 steps and read 0.87x plain. Not lower:
     # at 5-8 drafting made 1.10-1.48x, and from 4 requests up (tried first) the pairs' noise
     # at 4 left the verdict unsure and drafting off (0.12 verified drafts a request-step at 4

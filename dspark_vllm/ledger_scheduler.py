@@ -18,6 +18,7 @@ show, such as when prefill chunks ran and how long new requests waited for them.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import time
 from pathlib import Path
@@ -28,6 +29,7 @@ from .config import TRACE_ENV
 from .gate import StepLedger, step_kind
 from .metrics import DSparkStats
 
+log = logging.getLogger("vllm.dspark.ledger")
 
 class StepTrace:
     """Every finished step as one JSON line: `t` (wall clock at its end), `kind`, `batch`
@@ -46,7 +48,15 @@ class StepTrace:
                              f"({e}); give a writable directory, or unset it") from e
 
     def write(self, **row) -> None:
-        self.file.write(json.dumps(row) + "\n")
+        """Append one step; a failed write (disk full, the directory removed) stops the
+        trace with a warning and never the engine."""
+        if self.file is None:
+            return
+        try:
+            self.file.write(json.dumps(row) + "\n")
+        except OSError as e:
+            log.warning("%s: step trace stopped, a write failed (%s)", TRACE_ENV, e)
+            self.file = None
 
 
 class LedgerScheduler(Scheduler):
@@ -100,14 +110,13 @@ class LedgerScheduler(Scheduler):
         verified = any(len(v) for v in specs.values())
         tokens = sum(len(t) for t in sampled or ())
         kind = step_kind(prefill > 0, verified, drafted)
-        self.ledger.observe(kind, seconds, tokens, prefill,
-                            batch=len(scheduler_output.num_scheduled_tokens))
+        batch = len(scheduler_output.num_scheduled_tokens)
+        self.ledger.observe(kind, seconds, tokens, prefill, batch=batch)
         self._last_kind = kind if self.running else None  # idle time is no step's cycle
         if self.trace is not None:
-            self.trace.write(t=round(time.time(), 4), kind=kind,
-                             batch=len(scheduler_output.num_scheduled_tokens),
-                             waiting=len(self.waiting), tokens=sum(
-                                 scheduler_output.num_scheduled_tokens.values()),
+            self.trace.write(t=round(time.time(), 4), kind=kind, batch=batch,
+                             waiting=len(self.waiting),
+                             tokens=scheduler_output.total_num_scheduled_tokens,
                              prefill=prefill, verified=sum(len(v) for v in specs.values()),
                              slots=self._step_slots, generated=tokens, seconds=round(seconds, 5))
         return prefill, tokens

@@ -67,7 +67,7 @@ class DSparkScheduler(LedgerScheduler):
         self._prev_slots = 0  # slots the previous step drafted (what this one verifies)
         self.draft_len = self.max_drafts  # slots drafted per request next step
         self._planned_for = 0  # the running requests the draft length was planned for
-        self._source = "prediction"  # what set it (counted in decided_by)
+        self._source: str | None = None  # what set it, while its count stands (decided_by)
         log.info("DSpark load-aware budget: policy=%s, cost %s (%s)", self.policy,
                  self.cost_model.cost, "profiled" if self.cost_model.profile else "prior")
 
@@ -129,7 +129,8 @@ class DSparkScheduler(LedgerScheduler):
         super().update_draft_token_ids(draft_token_ids)
 
     def _gate_choice(self, counts, num_running: int, token_budget: int):
-        """-> (draft length, predicted gain, verdict, whether to draft) at `num_running`
+        """-> (draft length, predicted gain, verdict, the verdict where it decides (else
+        None), whether to draft) at `num_running`
         requests: the measured verdict (gate.PairedBursts, or the arms with
         DSPARK_GATE_VERDICT=arms) where the predicted gain (budget.plan_draft) is unsure,
         else the prediction. Measurement overrules the prediction only there: a rare batch
@@ -164,6 +165,7 @@ class DSparkScheduler(LedgerScheduler):
         from finished steps only, before the next drafts exist."""
         self._pool.add(req_ids, surv)
         if not num_running:
+            self._source = None  # the standing draft length was counted for an earlier step
             return
         length, gain, verdict, measured, chosen = self._gate_choice(counts, num_running,
                                                                     token_budget)
@@ -196,9 +198,9 @@ class DSparkScheduler(LedgerScheduler):
         if chosen:
             return
         self.draft_len = self.stats.draft_len = 0
-        counted = self.decided_by.get(self._source)
-        if counted and counted[1]:
-            counted[1] -= 1  # the step was counted as drafting
+        if self._source is not None:  # the plan counted this step as drafting
+            self.decided_by[self._source][1] -= 1
+            self._source = None
         self.decided_by.setdefault("arrivals", [0, 0])[0] += 1
 
     def _observe_costs(self, draft_seconds: float) -> None:

@@ -248,6 +248,20 @@ def test_the_step_trace_writes_every_step_as_a_json_line(tmp_path, monkeypatch):
         StepTrace(str(tmp_path / "file"))
 
 
+def test_a_failed_trace_write_stops_the_trace_not_the_engine(tmp_path):
+    from dspark_vllm.ledger_scheduler import StepTrace
+
+    class Full:
+        def write(self, _):
+            raise OSError(28, "No space left on device")
+
+    trace = StepTrace(str(tmp_path))
+    trace.file = Full()
+    trace.write(batch=1)  # no exception: the trace stops
+    assert trace.file is None
+    trace.write(batch=2)
+
+
 def test_the_ledger_files_steps_by_load_bucket():
     ledger = StepLedger()
     ledger.observe("decode_verify_draft", 0.14, 23, 0, batch=16)
