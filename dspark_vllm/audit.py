@@ -4,8 +4,12 @@ Two-token vocabulary; the target's next-token distribution is (0.7, 0.3) at ever
 position, the drafter's (0.5, 0.5); steps-per-second is (1, 0.5, 0.45) for 1, 2, 3 batch
 tokens; a_1 = 0.8 and c_2 = 1 if x_1 is token 0 else 0 (c_2 legitimately reads x_1).
 
-* shipped (Algorithm 1, stop at the first non-improving admission): admitting x_1 alone
-  lowers goodput (1.8 x 0.5 < 1), so it stops; x_1's value never matters -> (0.70, 0.30).
+* shipped (Algorithm 1, stop at the first non-improving admission): the 2-token step is
+  priced on the hull of the step times (budget.step_prices: 1.61 s, between 1 s and 2.22 s),
+  so admitting x_1 raises goodput (1.8 / 1.61 > 1) whatever x_1 holds; x_2 follows when its
+  own survival a_2 clears MIN_SURVIVAL. x_1's value never decides its own verification
+  -> (0.70, 0.30). (Priced by the envelope alone, hull=False, the 2-token step costs 2 s,
+  admitting x_1 alone lowers goodput and it stops before x_1: the same distribution.)
 * peeking (global search without the early stop, kept only for this audit): it admits x_1
   when (1 + a_1 + a_1 c_2) x 0.45 > 1, i.e. exactly when x_1 = 0 -> (0.85, 0.15).
 """

@@ -22,6 +22,9 @@ HANDOVER_ENV = "DSPARK_DRAFT_HANDOVER"  # "0": drafts reach the engine by vLLM's
 GATE_ENV = "DSPARK_GATE_VERDICT"  # what the draft gate measures by (gate.py)
 TRACE_ENV = "DSPARK_STEP_TRACE"  # a directory: every engine step as a JSON line (ledger_scheduler)
 DRIFT_ENV = "DSPARK_CONFIDENCE_DRIFT"  # "1": rescale confidences to the acceptance served
+PRICE_ENV = "DSPARK_STEP_PRICE"  # how Algorithm 1 prices a step (budget.step_prices)
+STEP_PRICES = {"hull": "the convex hull of the cheapest reachable step, the default",
+               "envelope": "the cheapest reachable step alone"}
 GATE_VERDICTS = {"paired": "each exploration burst against the steps just before it, the default",
                  "arms": "each arm's running mean"}
 ACTIVE_ENV = "DSPARK_VLLM_ACTIVE"  # set once a dspark config is validated; inherited by
@@ -140,6 +143,7 @@ class DSparkServeConfig:
         _switch(HANDOVER_ENV, "1", "a step's drafts ride its output to the engine, the default",
                 "vLLM's separate take_draft_token_ids RPC")
         _choice(GATE_ENV, "paired", GATE_VERDICTS)
+        _choice(PRICE_ENV, "hull", STEP_PRICES)
         _switch(DRIFT_ENV, "0", "confidences rescaled per position to the acceptance served "
                 "(budget.ConfidenceDrift, experimental)", "the drafter's confidences as they "
                 "are, the default")

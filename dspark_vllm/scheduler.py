@@ -19,7 +19,7 @@ from collections import deque
 
 from .budget import (AcceptanceEstimator, ConfidenceDrift, SurvivalPool, admit_greedy,
                      admit_top, plan_draft, production_budget, survival)
-from .config import DRIFT_ENV, GATE_ENV
+from .config import DRIFT_ENV, GATE_ENV, PRICE_ENV
 from .cost_model import DRAFT_PRIOR, CostModel, profile_key, profile_path
 from .gate import (EXPLORE_MARGIN, PROVE_MIN_BATCH, TIE_MARGIN, Explorer, PairedBursts,
                    RealisedRates, bucket)
@@ -53,6 +53,7 @@ class DSparkScheduler(LedgerScheduler):
         # "The budget at one request").
         self.drift = (ConfidenceDrift(self.max_drafts)
                       if os.environ.get(DRIFT_ENV, "0") == "1" else None)
+        self.hull = os.environ.get(PRICE_ENV, "hull") == "hull"  # budget.step_prices
         self._history: deque[list[list[float]]] = deque(maxlen=3)  # survivals per step
         self._pending: tuple[int, float, int] | None = None  # last step: tokens, s, slots
         self._pool = SurvivalPool(GATE_POOL)  # recent survivals of running requests
@@ -68,8 +69,9 @@ class DSparkScheduler(LedgerScheduler):
         self.draft_len = self.max_drafts  # slots drafted per request next step
         self._planned_for = 0  # the running requests the draft length was planned for
         self._source: str | None = None  # what set it, while its count stands (decided_by)
-        log.info("DSpark load-aware budget: policy=%s, cost %s (%s)", self.policy,
-                 self.cost_model.cost, "profiled" if self.cost_model.profile else "prior")
+        log.info("DSpark load-aware budget: policy=%s, step price %s, cost %s (%s)", self.policy,
+                 "hull" if self.hull else "envelope", self.cost_model.cost,
+                 "profiled" if self.cost_model.profile else "prior")
 
     # ------------------------------------------------------------------ budget
     def _confidences(self, draft_token_ids) -> list[list[float] | None]:
@@ -105,10 +107,11 @@ class DSparkScheduler(LedgerScheduler):
         if surv:
             if self.policy == "production" and len(self._history) >= 2:
                 total = production_budget(self._history[-2], num_running, num_running,
-                                          self.cost_model.cost, token_budget)
+                                          self.cost_model.cost, token_budget, self.hull)
                 counts = admit_top(surv, total)
             else:
-                counts = admit_greedy(surv, num_running, self.cost_model.cost, token_budget)
+                counts = admit_greedy(surv, num_running, self.cost_model.cost, token_budget,
+                                      self.hull)
             self._history.append(surv)
         for i, s, raw, n in zip(ids, surv, raws, counts):
             drafts = draft_token_ids.draft_token_ids[i]
@@ -141,7 +144,7 @@ class DSparkScheduler(LedgerScheduler):
         tie margin: a drafting run pays transitions neither cost line sees."""
         length, gain = plan_draft(self._pool.curves(), counts, num_running, self.cost_model.cost,
                                   self.draft_cost.cost, token_budget, self.max_drafts,
-                                  DRAFT_HEADROOM)
+                                  DRAFT_HEADROOM, self.hull)
         verdict = self.measure.verdict(num_running)
         busy = bucket(num_running) >= PROVE_MIN_BATCH
         # No curve for any running request (gain inf: no evidence, draft to learn) says
@@ -259,7 +262,8 @@ class DSparkScheduler(LedgerScheduler):
         return super()._free_request(request, *args, **kwargs)
 
     def _status(self) -> dict:
-        return {**super()._status(), "policy": self.policy, "cost_model": {
+        return {**super()._status(), "policy": self.policy,
+                "step_price": "hull" if self.hull else "envelope", "cost_model": {
                     "alpha_s": self.cost_model.cost.alpha, "beta_s_per_token": self.cost_model.cost.beta,
                     "refits": self.cost_model.refits, "profiled_points": len(self.cost_model.profile),
                     "step_seconds_by_tokens": self.cost_model.table(),

@@ -12,5 +12,6 @@ def test_shipped_policy_keeps_the_target_and_peeking_skews_it():
 
 
 def test_policies_on_the_two_cases():
-    assert shipped_policy([0.8, 0.8]) == shipped_policy([0.8, 0.0]) == 0  # x_1 never matters
+    # whether x_1 is verified never depends on x_1 (c_2 reads it); x_2 follows its own a_2
+    assert shipped_policy([0.8, 0.8]) == 2 and shipped_policy([0.8, 0.0]) == 1
     assert peeking_policy([0.8, 0.8]) == 2 and peeking_policy([0.8, 0.0]) == 0

@@ -8,7 +8,7 @@ import pytest
 
 from dspark_vllm.budget import (AcceptanceEstimator, ConfidenceDrift, StepCost, admit_greedy,
                                 admit_top, drafting_pays, next_draft_len, production_budget,
-                                survival)
+                                step_prices, survival)
 
 COST = StepCost(alpha=0.060, beta=0.0012)  # the shape measured on CPU engines
 
@@ -92,10 +92,70 @@ def test_where_the_cost_rises_with_tokens_it_is_the_papers_rule_as_written(seed)
             for _ in range(rng.randint(1, 20))]
     budget = rng.randint(len(surv), len(surv) + 80)
     line = StepCost(alpha=rng.uniform(0.01, 0.1), beta=rng.uniform(0.0002, 0.01))
+    convex = _Table(itertools.accumulate(sorted(rng.uniform(0.0, 0.01) for _ in range(200))))
     rising = _Table(itertools.accumulate(rng.uniform(0.0, 0.01) for _ in range(200)))
-    for cost in (line, rising):  # rising: concave and convex stretches, as measured tables are
-        assert admit_greedy(surv, len(surv), cost, budget) == _first_stop(surv, len(surv), cost,
-                                                                         budget)
+    for cost in (line, convex):
+        for hull in (True, False):
+            assert admit_greedy(surv, len(surv), cost, budget, hull) == _first_stop(
+                surv, len(surv), cost, budget)
+    # rising: concave and convex stretches, as measured tables are; the envelope is t itself
+    assert admit_greedy(surv, len(surv), rising, budget, hull=False) == _first_stop(
+        surv, len(surv), rising, budget)
+
+
+def _hull_prices(cost, base, top):
+    """Slow reference: the largest convex function under the envelope min_{T' >= T} t(T'),
+    by the best chord over every pair of points around T."""
+    env = [min(cost.seconds(u) for u in range(T, top + 1)) for T in range(base, top + 1)]
+    return [min(env[a] + (env[b] - env[a]) * (i - a) / (b - a) if b > a else env[i]
+                for a in range(i + 1) for b in range(i, len(env)))
+            for i in range(len(env))]
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_hull_prices_are_the_convex_envelope_below_every_reachable_step(seed):
+    rng = random.Random(seed)
+    cost = _Table([rng.uniform(0.02, 0.06) for _ in range(60)])
+    base = rng.randint(1, 20)
+    top = rng.randint(base, 60)
+    got = step_prices(cost, base, top)
+    assert got == pytest.approx(_hull_prices(cost, base, top), rel=1e-9)
+    env = step_prices(cost, base, top, hull=False)
+    assert all(h <= e + 1e-12 for h, e in zip(got, env))
+    assert all(b - a <= c - b + 1e-12 for a, b, c in zip(got, got[1:], got[2:]))  # convex
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_on_a_measured_table_the_first_stop_is_the_best_prefix_at_hull_prices(seed):
+    """With the hull, stopping at the first admission that does not raise the goodput
+    finds the best of all prefixes of the sorted slots (a search would not be a stopping
+    time; here it need not be done)."""
+    rng = random.Random(seed)
+    surv = [survival([rng.uniform(0.0, 1.0) for _ in range(rng.randint(0, 7))])
+            for _ in range(rng.randint(1, 8))]
+    budget = rng.randint(len(surv), len(surv) + 40)
+    cost = _Table(itertools.accumulate(rng.uniform(0.0, 0.01) for _ in range(200)))
+    b = len(surv)
+    n = admit_greedy(surv, b, cost, budget)
+    slots = sorted((a for s in surv for a in s if a >= 1e-3), reverse=True)
+    top = max(min(b + sum(len(s) for s in surv), budget), b)
+    price = _hull_prices(cost, b, top)
+    goodput = [(b + sum(slots[:m])) / price[m] for m in range(min(len(slots), top - b) + 1)]
+    assert (b + sum(sum(s[:k]) for s, k in zip(surv, n))) / price[sum(n)] == pytest.approx(
+        max(goodput), rel=1e-9)
+
+
+def test_a_step_up_in_the_table_does_not_stop_admission_short_of_the_flat_beyond():
+    # 4 requests on this CPU's profile (ms): 4-6 tokens 40, 7 tokens 45.4, then ~0.6 ms a
+    # token to 16. The envelope stops at 6 tokens, two requests with one draft each.
+    table = _Table([0.040] * 6 + [0.0454 + 0.0006 * i for i in range(40)])
+    surv = [survival([0.7, 0.65, 0.6])] * 4
+    assert admit_greedy(surv, 4, table, 10_000, hull=False) == [1, 1, 0, 0]
+    n = admit_greedy(surv, 4, table, 10_000)
+    assert min(n) >= 2
+    real = [(4 + sum(sum(s[:k]) for s, k in zip(surv, m))) / table.seconds(4 + sum(m))
+            for m in (n, [1, 1, 0, 0])]
+    assert real[0] > 1.2 * real[1]  # priced or not, the real goodput is higher
 
 
 @pytest.mark.parametrize("seed", range(30))

@@ -52,30 +52,18 @@ def test_block_drop_switch_is_validated(target, good, monkeypatch):
     _refused(target, spec, "DSPARK_EAGLE_BLOCK_DROP='yes': use 1")
 
 
-def test_context_deferral_switch_is_validated(target, good, monkeypatch):
-    spec = {"method": "dspark", "model": good, "num_speculative_tokens": 4}
-    monkeypatch.setenv("DSPARK_DEFER_CONTEXT", "off")
-    _refused(target, spec, "DSPARK_DEFER_CONTEXT='off': use 1 / unset")
-
-
-def test_draft_handover_switch_is_validated(target, good, monkeypatch):
-    spec = {"method": "dspark", "model": good, "num_speculative_tokens": 4}
-    monkeypatch.setenv("DSPARK_DRAFT_HANDOVER", "rpc")
-    _refused(target, spec, "DSPARK_DRAFT_HANDOVER='rpc': use 1 / unset")
-
-
-def test_gate_verdict_choice_is_validated(target, good, monkeypatch):
+@pytest.mark.parametrize("name, value, accepted", [
+    ("DSPARK_DEFER_CONTEXT", "off", "use 1 / unset"),
+    ("DSPARK_DRAFT_HANDOVER", "rpc", "use 1 / unset"),
+    ("DSPARK_GATE_VERDICT", "bursts", "use paired / unset"),
+    ("DSPARK_CONFIDENCE_DRIFT", "on", "use 1"),
+    ("DSPARK_STEP_PRICE", "convex", "use hull / unset"),
+])
+def test_environment_switches_are_validated(target, good, monkeypatch, name, value, accepted):
     spec = {"method": "dspark", "model": good, "num_speculative_tokens": 4,
             "enable_adaptive_verification": True}
-    monkeypatch.setenv("DSPARK_GATE_VERDICT", "bursts")
-    _refused(target, spec, "DSPARK_GATE_VERDICT='bursts': use paired / unset")
-
-
-def test_confidence_drift_switch_is_validated(target, good, monkeypatch):
-    spec = {"method": "dspark", "model": good, "num_speculative_tokens": 4,
-            "enable_adaptive_verification": True}
-    monkeypatch.setenv("DSPARK_CONFIDENCE_DRIFT", "on")
-    _refused(target, spec, "DSPARK_CONFIDENCE_DRIFT='on': use 1")
+    monkeypatch.setenv(name, value)
+    _refused(target, spec, f"{name}={value!r}: {accepted}")
 
 
 def test_the_collector_follows_schedulers_that_keep_the_ledger():
