@@ -102,9 +102,13 @@ def _install() -> None:
     _time(DSparkStats, "maybe_publish", "stats.maybe_publish")  # the metrics snapshot
     for n in ("execute_model", "sample_tokens", "propose_draft_token_ids", "take_draft_token_ids"):
         _time(GPUModelRunner, n, f"runner.{n}")
-    for n in ("propose", "_context_only", "set_inputs_first_pass",
-              "build_model_inputs_first_pass", "_sample_draft_tokens"):
+    for n in ("propose", "_context_only", "_context_slots", "set_inputs_first_pass",
+              "build_model_inputs_first_pass", "_sample_draft_tokens",
+              "prepare_next_token_ids_padded"):
         _time(DSparkProposer, n, f"proposer.{n}")
+    from dspark_vllm.context_debt import ContextDebt
+
+    _time(ContextDebt, "record", "debt.record")
     # Inside the draft pass: the drafter's forward (context K/V + block), its fc over the
     # target layers and its LM head (the class vLLM builds for a Qwen3DSparkModel drafter).
     from vllm.model_executor.models.qwen3_dspark import Qwen3DSparkForCausalLM

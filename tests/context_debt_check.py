@@ -9,7 +9,9 @@ request (vLLM's batch-size schedule with K = 0 above one), fed in three phases:
 
 Prints one JSON line: the outputs, vLLM's draft and acceptance counters, and the context
 rows the drafter computed, and how often the engine asked the worker for drafts by RPC
-(none when the drafts ride each step's output). Either way, the drafts must be the same."""
+(none when the drafts ride each step's output), and how many steps' context slots (the
+target's slot mapping) differed from the drafter's block-table formula. Either way, the
+drafts must be the same."""
 
 from __future__ import annotations
 
@@ -26,6 +28,7 @@ def main(argv=None) -> None:
     args = p.parse_args(argv)
     os.environ["DSPARK_DEFER_CONTEXT"] = args.defer
     os.environ["DSPARK_DRAFT_HANDOVER"] = args.handover
+    import torch
     from vllm import SamplingParams
 
     from benchmarks.engine_profile import in_process_llm
@@ -34,6 +37,18 @@ def main(argv=None) -> None:
 
     spec = {"method": "dspark", "model": str(BUNDLED_DRAFTER), "num_speculative_tokens": 5,
             "num_speculative_tokens_per_batch_size": [[1, 1, 5], [2, 1024, 0]]}
+    slots = {"checked": 0, "mismatched": 0}  # the context slots against the block table
+    from dspark_vllm.proposer import DSparkProposer
+
+    context_slots = DSparkProposer._context_slots
+
+    def checked_slots(self, target_positions, cad, bounds):
+        pos, got = context_slots(self, target_positions, cad, bounds)
+        slots["checked"] += 1
+        slots["mismatched"] += not torch.equal(got, self._slots_from_table(pos, cad, bounds))
+        return pos, got
+
+    DSparkProposer._context_slots = checked_slots
     llm = in_process_llm(spec, max_num_seqs=4, enable_prefix_caching=args.prefix_caching == "1",
                          disable_log_stats=False)
     tok = llm.get_tokenizer()
@@ -70,7 +85,8 @@ def main(argv=None) -> None:
         "accepted": counters.get("vllm:spec_decode_num_accepted_tokens"),
         "context_rows_written": drafter.context_rows_written,
         "context_rows_dropped": drafter.context_rows_dropped,
-        "still_owed": len(drafter.debt), "draft_rpcs": rpcs[0]}), flush=True)
+        "still_owed": len(drafter.debt), "draft_rpcs": rpcs[0],
+        "context_slots": slots}), flush=True)
 
 
 if __name__ == "__main__":

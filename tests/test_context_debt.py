@@ -137,6 +137,8 @@ def test_the_engine_drafts_the_same_with_deferred_context():
     dropped = _engine_run("1", "0")
     assert every_step["drafts"] > 0 and every_step["accepted"] > 0
     assert every_step["draft_rpcs"] > 0
+    for run in (every_step, deferred, dropped):  # the slots a step without drafts records
+        assert run["context_slots"]["checked"] > 0 and run["context_slots"]["mismatched"] == 0
     for run in (deferred, dropped):
         assert run["draft_rpcs"] == 0
         assert run["outputs"] == every_step["outputs"]
