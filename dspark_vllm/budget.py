@@ -74,8 +74,10 @@ def step_prices(cost: StepCost, base: int, top: int, hull: bool = True) -> list[
     the best prefix of the sorted slots only when the price is convex (expected tokens grow
     concavely, as survivals fall; their ratio to a convex price is then unimodal); on a
     measured table with a step up (on this CPU 6 -> 7 tokens at 4 requests, 39.9 -> 45.4 ms,
-    then nearly flat to 16) the envelope's first stop halts at the step although two drafts
-    a request past it make ~29% more goodput (the served cost models of 2026-12-05).
+    then nearly flat to 16) the envelope's first stop halts at the step (2 drafts for 4
+    requests) although, by the model, two drafts a request make ~29% more goodput. Served
+    (README, "Pricing a step by its hull") speed was level with the envelope's at 1-8
+    requests, and verified drafts fell with load where the envelope's did not.
     Between two hull corners a step is priced below what it costs (the convex mix of the
     corners' times): admission is optimistic there, as the envelope already is below a
     dearer small size."""
