@@ -64,7 +64,6 @@ class DSparkProposer(DFlashProposer):
         self._keep_departed = bool(vllm_config.cache_config.enable_prefix_caching)
         self.context_rows_written = 0  # rows the drafter's context K/V pass has computed
         self.context_rows_dropped = 0  # owed rows of departed requests nothing will read
-        self._target_block_size = vllm_config.cache_config.block_size
 
     def model_returns_tuple(self) -> bool:
         return False  # the DFlash-style backbone returns one hidden-state tensor
@@ -127,27 +126,17 @@ class DSparkProposer(DFlashProposer):
         return torch.empty((cad.batch_size(), 0), dtype=torch.int64, device=feats.device)
 
     def _context_slots(self, target_positions, cad, bounds):
-        """Positions and drafter cache slots of a step's context rows, as DFlash's input
-        kernel lays them out for its context half (the slot of position p of request r is
-        block_table[r, p // block_size] * block_size + p % block_size), without building the
+        """Positions and drafter cache slots of a step's context rows, without building the
         query half a step with no drafts never runs. bounds: [B + 1] CPU row offsets ->
         ([n], [n]) copies (the engine reuses its buffers) for the n = bounds[-1] rows the
-        requests own. With the target's block size that is the target's own slot mapping
-        for the step (one copy; the formula cost ~0.2 ms a step at 16 requests,
-        benchmarks/engine_profile.py k0)."""
+        requests own. The runner builds `cad` for the drafter's KV-cache group
+        (drafter.kv_cache_gid), so its slot mapping is the drafter's: the slot DFlash's
+        input kernel computes for position p of request r, block_table[r, p // block_size]
+        * block_size + p % block_size (computing that here cost ~0.2 ms a step at 16
+        requests, benchmarks/engine_profile.py k0; tests/context_debt_check.py compares)."""
         n = int(bounds[-1])
         pos = target_positions[:n].to(torch.int64, copy=True)  # [n]
-        if self.block_size == self._target_block_size:
-            return pos, cad.slot_mapping[:n].to(torch.int64, copy=True)
-        return pos, self._slots_from_table(pos, cad, bounds)
-
-    def _slots_from_table(self, pos, cad, bounds):
-        """The drafter's cache slots of positions pos [n] from the block table -> [n]."""
-        counts = bounds.diff().to(pos.device)
-        req = torch.repeat_interleave(torch.arange(len(counts), device=counts.device), counts)
-        table = cad.block_table_tensor  # [max_reqs, max_blocks]
-        block = (pos // self.block_size).clamp(max=table.shape[1] - 1)
-        return table[req, block].long() * self.block_size + pos % self.block_size
+        return pos, cad.slot_mapping[:n].to(torch.int64, copy=True)
 
     def set_inputs_first_pass(self, target_token_ids, next_token_ids, target_positions,
                               target_hidden_states, token_indices_to_sample, cad,
