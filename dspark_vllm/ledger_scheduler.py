@@ -31,6 +31,7 @@ from .metrics import DSparkStats
 
 log = logging.getLogger("vllm.dspark.ledger")
 
+
 class StepTrace:
     """Every finished step as one JSON line: `t` (wall clock at its end), `kind`, `batch`
     (requests scheduled), `waiting` (requests queued behind them), `tokens` (scheduled),

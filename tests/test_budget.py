@@ -128,8 +128,8 @@ def test_hull_prices_are_the_convex_envelope_below_every_reachable_step(seed):
 @pytest.mark.parametrize("seed", range(30))
 def test_on_a_measured_table_the_first_stop_is_the_best_prefix_at_hull_prices(seed):
     """With the hull, stopping at the first admission that does not raise the goodput
-    finds the best of all prefixes of the sorted slots (a search would not be a stopping
-    time; here it need not be done)."""
+    finds the best of all prefixes of the sorted slots: expected tokens are concave in the
+    prefix, the price convex, so the goodput has one peak and nothing need be searched."""
     rng = random.Random(seed)
     surv = [survival([rng.uniform(0.0, 1.0) for _ in range(rng.randint(0, 7))])
             for _ in range(rng.randint(1, 8))]
