@@ -43,12 +43,14 @@ def install_engine_patches() -> None:
         return
     _state["engine"] = True
     from .patches import (cost_profile, cpu_seeded_sampling, draft_confidences,
-                          draft_handover, v1_drafter, zero_draft_sampling)
+                          draft_handover, undrafted_inputs, v1_drafter,
+                          zero_draft_sampling)
 
     v1_drafter.apply()
     draft_confidences.apply()
     draft_handover.apply()
     zero_draft_sampling.apply()
+    undrafted_inputs.apply()
     cpu_seeded_sampling.apply()
     cost_profile.apply()
     log.info("dspark-vllm: DSpark proposer installed on the V1 model runner")

@@ -10,8 +10,9 @@ request (vLLM's batch-size schedule with K = 0 above one), fed in three phases:
 Prints one JSON line: the outputs, vLLM's draft and acceptance counters, and the context
 rows the drafter computed, and how often the engine asked the worker for drafts by RPC
 (none when the drafts ride each step's output), and how many steps' context slots (the
-target's slot mapping) differed from the drafter's block-table formula. Either way, the
-drafts must be the same."""
+target's slot mapping) differed from the drafter's block-table formula, and how many
+steps' proposer inputs from the undrafted-inputs shortcut differed from vLLM's own
+preparation. Either way, the drafts must be the same."""
 
 from __future__ import annotations
 
@@ -53,6 +54,7 @@ def main(argv=None) -> None:
         return pos, got
 
     DSparkProposer._context_slots = checked_slots
+    undrafted = _compare_undrafted_inputs()
     llm = in_process_llm(spec, max_num_seqs=4, enable_prefix_caching=args.prefix_caching == "1",
                          disable_log_stats=False)
     tok = llm.get_tokenizer()
@@ -90,7 +92,51 @@ def main(argv=None) -> None:
         "context_rows_written": drafter.context_rows_written,
         "context_rows_dropped": drafter.context_rows_dropped,
         "still_owed": len(drafter.debt), "draft_rpcs": rpcs[0],
-        "context_slots": slots}), flush=True)
+        "context_slots": slots, "undrafted_inputs": undrafted}), flush=True)
+
+
+def _compare_undrafted_inputs() -> dict[str, int]:
+    """On every step the undrafted-inputs shortcut takes (patches/undrafted_inputs.py), run
+    vLLM's own preparation too, with the proposer's propose() captured rather than run, and
+    count the steps whose proposer inputs (positions, target layers, query offsets, slot
+    mapping, batch size) differ."""
+    import torch
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    from dspark_vllm.patches import undrafted_inputs
+
+    undrafted_inputs.apply()  # the plugin applies it again when the engine starts: a no-op
+    shortcut = GPUModelRunner.propose_draft_token_ids
+    vllm_path = shortcut.__wrapped__
+    counts = {"checked": 0, "mismatched": 0}
+
+    def captured(runner, path, args):
+        seen = []
+        runner.drafter.propose = lambda *a, **kw: seen.append((a, kw)) or torch.empty(0, 0)
+        try:
+            path(runner, *args)
+        finally:
+            del runner.drafter.propose  # the class's propose again
+        (a, kw), = seen
+        n = a[0] if a else kw["num_speculative_tokens"]
+        cad = kw["common_attn_metadata"]
+        rows = int(cad.query_start_loc_cpu[-1])
+        return (n, kw["target_positions"][:rows].clone(), kw["target_hidden_states"][:rows].clone(),
+                cad.query_start_loc_cpu.clone(), cad.slot_mapping[:rows].clone(), cad.batch_size())
+
+    def compared(self, scheduler_output, *args):
+        if undrafted_inputs.context_inputs(self, scheduler_output, args[4]) is not None:
+            ours = captured(self, shortcut, (scheduler_output, *args))
+            ref = captured(self, vllm_path, (scheduler_output, *args))
+            counts["checked"] += 1
+            counts["mismatched"] += not all(
+                torch.equal(a, b) if isinstance(a, torch.Tensor) else a == b
+                for a, b in zip(ours, ref))
+        return shortcut(self, scheduler_output, *args)
+
+    compared._dspark_patch = "undrafted_inputs"  # the plugin's apply() leaves it in place
+    GPUModelRunner.propose_draft_token_ids = compared
+    return counts
 
 
 if __name__ == "__main__":

