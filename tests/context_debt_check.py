@@ -3,7 +3,8 @@
 request (vLLM's batch-size schedule with K = 0 above one), fed in three phases:
 
   1. A (long) and B together: no drafts; their context K/V is owed (deferred) or written;
-  2. B finishes, A runs alone and drafts: A's owed context is written first;
+  2. B finishes, A runs alone and drafts: A's owed context is written first; D joins for
+     a few steps (the step it joins verifies A's drafts and drafts nothing after);
   3. C, B's prompt again, alone: with the prefix cache on its prompt blocks are B's,
      drafter K/V included (written when B left), and it drafts from its first step.
 
@@ -60,6 +61,7 @@ def main(argv=None) -> None:
     tok = llm.get_tokenizer()
     a = encode_chat(tok, gsm8k_heldout()[0]["messages"])
     b = encode_chat(tok, humaneval()[32]["messages"])  # 311 tokens: 2 full 128-token blocks
+    d = encode_chat(tok, gsm8k_heldout()[1]["messages"])
     eng = llm.llm_engine
     executor = eng.engine_core.engine_core.model_executor  # in-process engine core
     rpcs = [0]
@@ -72,16 +74,24 @@ def main(argv=None) -> None:
     executor.take_draft_token_ids = counted_take
     out: dict[str, list[int]] = {}
 
-    def run(reqs: dict[str, tuple[list[int], int]]) -> None:
+    def add(reqs: dict[str, tuple[list[int], int]]) -> None:
         for rid, (ids, n) in reqs.items():
             eng.add_request(rid, {"prompt_token_ids": ids},
                             SamplingParams(temperature=0, max_tokens=n, ignore_eos=True))
+
+    def run(reqs, join_at: int = -1, join=None) -> None:
+        add(reqs)
+        steps = 0
         while eng.has_unfinished_requests():
+            if steps == join_at:
+                add(join)
+            steps += 1
             for o in eng.step():
                 if o.finished:
                     out[o.request_id] = list(o.outputs[0].token_ids)
 
-    run({"A": (a, 90), "B": (b, 24)})
+    # D joins while A drafts alone: that step verifies A's drafts and drafts nothing after.
+    run({"A": (a, 90), "B": (b, 24)}, join_at=35, join={"D": (d, 6)})
     run({"C": (b, 48)})
     counters = {m.name: m.value for m in llm.get_metrics() if hasattr(m, "value")}
     drafter = eng.model_executor.driver_worker.worker.model_runner.drafter
@@ -108,7 +118,7 @@ def _compare_undrafted_inputs() -> dict[str, int]:
     undrafted_inputs.apply()  # the plugin applies it again when the engine starts: a no-op
     shortcut = GPUModelRunner.propose_draft_token_ids
     vllm_path = shortcut.__wrapped__
-    counts = {"checked": 0, "mismatched": 0}
+    counts = {"checked": 0, "mismatched": 0, "after_drafts": 0}
 
     def captured(runner, path, args):
         seen = []
@@ -129,6 +139,8 @@ def _compare_undrafted_inputs() -> dict[str, int]:
             ours = captured(self, shortcut, (scheduler_output, *args))
             ref = captured(self, vllm_path, (scheduler_output, *args))
             counts["checked"] += 1
+            spec = args[5]  # the step's SpecDecodeMetadata: did it verify drafts?
+            counts["after_drafts"] += spec is not None and spec.max_spec_len > 0
             counts["mismatched"] += not all(
                 torch.equal(a, b) if isinstance(a, torch.Tensor) else a == b
                 for a, b in zip(ours, ref))
