@@ -131,11 +131,13 @@ def _compare_undrafted_inputs() -> dict[str, int]:
         n = a[0] if a else kw["num_speculative_tokens"]
         cad = kw["common_attn_metadata"]
         rows = int(cad.query_start_loc_cpu[-1])
-        return (n, kw["target_positions"][:rows].clone(), kw["target_hidden_states"][:rows].clone(),
-                cad.query_start_loc_cpu.clone(), cad.slot_mapping[:rows].clone(), cad.batch_size())
+        return (n, kw["target_positions"][:rows].clone(),
+                kw["target_hidden_states"][:rows].clone(), cad.query_start_loc_cpu.clone(),
+                cad.slot_mapping[:rows].clone(), cad.batch_size())
 
     def compared(self, scheduler_output, *args):
-        if undrafted_inputs.context_inputs(self, scheduler_output, args[4]) is not None:
+        aux_hidden_states = args[4]  # the runner's positional arguments after the output
+        if undrafted_inputs.context_inputs(self, scheduler_output, aux_hidden_states) is not None:
             ours = captured(self, shortcut, (scheduler_output, *args))
             ref = captured(self, vllm_path, (scheduler_output, *args))
             counts["checked"] += 1

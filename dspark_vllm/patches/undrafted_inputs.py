@@ -8,8 +8,9 @@ and the rows to sample). When the DSpark budget asks for no drafts
 step's context rows (proposer._context_only): their positions, the captured target
 layers and the step's own attention metadata, none of which that preparation changes
 (`prepare_inputs_padded` keeps query_start_loc and slot_mapping; it only adds the rows to
-sample). So such a step hands those over directly and skips the rest: about 0.4 ms a step
-at 16 requests on this CPU (cProfile of `sample_tokens`, 2026-12-05).
+sample). So such a step hands those over directly and skips the rest: the runner's
+`sample_tokens` fell from 0.115-0.124 to 0.084-0.092 s per 96 steps at 16 requests on this
+CPU (`benchmarks/engine_profile.py k0`, 2026-12-05).
 Synchronous scheduling only: with async scheduling `_copy_valid_sampled_token_count`
 publishes the next-token ids the following step reads, so vLLM's path runs.
 Removed by: the runner skipping drafter input preparation when no drafts are scheduled.
