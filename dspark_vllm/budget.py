@@ -9,7 +9,6 @@ Never admit x_j because of anything computed from x_j or later (e.g. c_{j+1}).
 from __future__ import annotations
 
 import bisect
-import functools
 import math
 from collections import deque
 from collections.abc import Sequence
@@ -64,11 +63,8 @@ def survival(conf: Sequence[float]) -> list[float]:
     return out
 
 
-@functools.lru_cache(maxsize=256)
-def step_prices(cost: StepCost, base: int, top: int, hull: bool = True) -> tuple[float, ...]:
-    """Seconds Algorithm 1 charges for a step of T tokens, T = base..top (index T - base).
-    Cached: the prices read only the cost table (replaced, never changed, on a refit) and
-    the counts, and a served engine asks for the same few batch sizes step after step.
+def step_prices(cost: StepCost, base: int, top: int, hull: bool = True) -> list[float]:
+    """Seconds Algorithm 1 charges for a step of T tokens, T = base..top (list index T - base).
 
     The envelope: the cheapest step of T or more tokens the slots on offer reach,
     min over T' in [T, top] of t(T'). Verifying more drafts, whatever they hold, reaches it,
@@ -89,7 +85,7 @@ def step_prices(cost: StepCost, base: int, top: int, hull: bool = True) -> tuple
     for i in range(len(t) - 2, -1, -1):
         t[i] = min(t[i], t[i + 1])
     if not hull or len(t) < 3:
-        return tuple(t)
+        return t
     corners: list[int] = []  # monotone chain: indices of the lower hull, left to right
     for i in range(len(t)):
         while len(corners) >= 2:
@@ -102,7 +98,7 @@ def step_prices(cost: StepCost, base: int, top: int, hull: bool = True) -> tuple
     out = []
     for a, b in zip(corners, corners[1:]):
         out += [t[a] + (t[b] - t[a]) * (i - a) / (b - a) for i in range(a, b)]
-    return (*out, t[corners[-1]])
+    return out + [t[corners[-1]]]
 
 
 def admit_greedy(

@@ -113,7 +113,7 @@ def _compare_undrafted_inputs() -> dict[str, int]:
     import torch
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
-    from dspark_vllm.patches import undrafted_inputs
+    from dspark_vllm.patches import mark, undrafted_inputs
 
     undrafted_inputs.apply()  # the plugin applies it again when the engine starts: a no-op
     shortcut = GPUModelRunner.propose_draft_token_ids
@@ -148,8 +148,8 @@ def _compare_undrafted_inputs() -> dict[str, int]:
                 for a, b in zip(ours, ref))
         return shortcut(self, scheduler_output, *args)
 
-    compared._dspark_patch = "undrafted_inputs"  # the plugin's apply() leaves it in place
-    GPUModelRunner.propose_draft_token_ids = compared
+    # marked as the patch, so the plugin's apply() at engine start leaves it in place
+    GPUModelRunner.propose_draft_token_ids = mark(compared, "undrafted_inputs")
     return counts
 
 
