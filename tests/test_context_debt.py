@@ -80,16 +80,87 @@ def test_a_block_handed_to_a_new_owner_keeps_the_new_owners_rows():
     assert torch.equal(cache, _replay([old, new], cache_size=8))
 
 
-def test_a_request_owes_only_its_own_rows_memory():
-    """A request's rows must not keep the whole step's features alive (the byte limit
-    counts only owed rows)."""
+def test_memory_is_counted_until_the_last_owner_and_compacted():
+    """A step is kept whole while its owners owe most of it, and its bytes count until the
+    last owner is gone; once under half its rows are owed (a long prefill whose owner left
+    beside a decode) the rest is copied out, so the prefill's features are not kept alive."""
+    debt = ContextDebt()
+    debt.record(["a", "b"], [0, 2, 4], _step([0, 1, 2, 3]))
+    held = debt.bytes
+    assert held == 4 * (3 * 4 + 16)
+    debt.take({"a"})  # half the step still owed: kept whole, counted whole
+    assert len(debt) == 2 and debt.bytes == held
     step = _step(list(range(100)))
     debt = ContextDebt()
     debt.record(["big-prefill", "decode"], [0, 99, 100], step)
     debt.take({"big-prefill"})
-    (_, left), = debt._owed["decode"]
-    assert left.feats.untyped_storage().nbytes() == left.feats.nbytes
-    assert debt.bytes == left.feats.nbytes + 16
+    (left,) = debt._steps.values()
+    assert left.rows.feats.untyped_storage().nbytes() == left.rows.feats.nbytes == 3 * 4
+    assert debt.bytes == 3 * 4 + 16 and len(debt) == 1
+    assert torch.equal(debt.take().feats, step.feats[99:])
+    assert debt.bytes == 0
+
+
+@pytest.mark.parametrize("compact_rows", [1, 64])  # 1: steps compacted at every chance
+def test_random_operations_match_a_per_request_reference(monkeypatch, compact_rows):
+    """Record, take, discard and drop in random order: every take returns what per-request
+    bookkeeping (each request's rows kept apart, in step order) returns, and the counts
+    agree; everything taken or dropped leaves nothing held."""
+    from dspark_vllm import context_debt
+
+    monkeypatch.setattr(context_debt, "COMPACT_ROWS", compact_rows)
+    gen = torch.Generator().manual_seed(5)
+    for trial in range(40):
+        debt, ref = ContextDebt(), {}  # ref: req -> [(step, row)], rows as (pos, slot, feats)
+        next_pos = {}
+        for step_no in range(12):
+            op = int(torch.randint(6, (1,), generator=gen))
+            live = sorted(ref)
+            if op < 3 or not live:  # a step: some requests, 1-4 rows each
+                rids = [r for r in "abcde" if torch.rand(1, generator=gen) < 0.6] or ["a"]
+                sizes = [int(torch.randint(1, 5, (1,), generator=gen)) for _ in rids]
+                bounds = [0]
+                for k in sizes:
+                    bounds.append(bounds[-1] + k)
+                pos = torch.cat([torch.arange(next_pos.get(r, 0), next_pos.get(r, 0) + k)
+                                 for r, k in zip(rids, sizes)])
+                slots = torch.cat([100 * (ord(r) - 96) + torch.arange(
+                    next_pos.get(r, 0), next_pos.get(r, 0) + k) for r, k in zip(rids, sizes)])
+                for r, k in zip(rids, sizes):
+                    next_pos[r] = next_pos.get(r, 0) + k
+                rows = Rows(torch.rand(bounds[-1], 3, generator=gen), pos, slots)
+                debt.record(rids, bounds, rows)
+                for r, a, b in zip(rids, bounds, bounds[1:]):
+                    ref.setdefault(r, []).extend((step_no, i, rows.positions[i], rows.slots[i],
+                                                  rows.feats[i]) for i in range(a, b))
+            elif op == 3:
+                who = {live[int(torch.randint(len(live), (1,), generator=gen))]}
+                assert debt.discard(who) == sum(len(ref.pop(r)) for r in who)
+            elif op == 4:
+                who = live[int(torch.randint(len(live), (1,), generator=gen))]
+                end = (max(int(x[2]) for x in ref[who]) + 1) // 4 * 4
+                kept = [x for x in ref[who] if int(x[2]) < end]
+                assert debt.drop_partial_blocks({who}, 4) == len(ref[who]) - len(kept)
+                ref[who] = kept
+                if not kept:
+                    del ref[who]
+            else:
+                who = None if torch.rand(1, generator=gen) < 0.3 else set(live[:2])
+                picked = sorted(x for r in (ref if who is None else who) for x in ref[r])
+                for r in list(ref if who is None else who):
+                    ref.pop(r, None)
+                want = None if not picked else latest_per_slot(Rows(
+                    torch.stack([x[4] for x in picked]), torch.stack([x[2] for x in picked]),
+                    torch.stack([x[3] for x in picked])))
+                got = debt.take(who)
+                assert (got is None) == (want is None), trial
+                if got is not None:
+                    for f in ("feats", "positions", "slots"):
+                        assert torch.equal(getattr(got, f), getattr(want, f)), (trial, f)
+            assert len(debt) == sum(map(len, ref.values())) and debt.owners() == set(ref)
+            assert debt.bytes == sum(context_debt._bytes(st.rows) for st in debt._steps.values())
+        debt.take()
+        assert len(debt) == 0 and debt.bytes == 0 and not debt._steps
 
 
 def test_the_row_limit_and_bad_input():
@@ -170,7 +241,7 @@ def test_a_departed_request_keeps_only_its_full_blocks():
     debt.record(["a"], [0, 4], _step([20, 21, 22, 23], first_pos=6))  # a: 6-9
     before = debt.bytes
     assert debt.drop_partial_blocks({"a"}, block_size=4) == 2  # a's positions 8, 9
-    assert len(debt) == 10 - 2 + 3 and debt.bytes < before
+    assert len(debt) == 10 - 2 + 3 and debt.bytes == before  # half of a step 2 owed: kept
     rows = debt.take({"a"})
     assert rows.positions.tolist() == list(range(8))
     assert debt.drop_partial_blocks({"b"}, block_size=4) == 3  # b never filled a block
