@@ -18,7 +18,7 @@ import time
 from collections import deque
 
 from .budget import (AcceptanceEstimator, ConfidenceDrift, SurvivalPool, admit_greedy,
-                     admit_top, plan_draft, production_budget, survival)
+                     admit_top, plan_from_mean, production_budget, survival)
 from .config import DRIFT_ENV, GATE_ENV, PRICE_ENV
 from .cost_model import DRAFT_PRIOR, CostModel, profile_key, profile_path
 from .gate import (EXPLORE_MARGIN, PROVE_MIN_BATCH, TIE_MARGIN, Explorer, PairedBursts,
@@ -142,9 +142,9 @@ class DSparkScheduler(LedgerScheduler):
         unsure too (verdict None): from PROVE_MIN_BATCH requests up, do not draft until a
         measured win (exploration bursts measure it); below, the prediction must clear the
         tie margin: a drafting run pays transitions neither cost line sees."""
-        length, gain = plan_draft(self._pool.curves(), counts, num_running, self.cost_model.cost,
-                                  self.draft_cost.cost, token_budget, self.max_drafts,
-                                  DRAFT_HEADROOM, self.hull)
+        length, gain = plan_from_mean(self._pool.mean(), counts, num_running,
+                                      self.cost_model.cost, self.draft_cost.cost, token_budget,
+                                      self.max_drafts, DRAFT_HEADROOM, self.hull)
         verdict = self.measure.verdict(num_running)
         busy = bucket(num_running) >= PROVE_MIN_BATCH
         # No curve for any running request (gain inf: no evidence, draft to learn) says

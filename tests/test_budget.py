@@ -246,17 +246,23 @@ def test_next_draft_len_reads_the_pool_not_one_doubtful_draft():
 def test_survival_pool_keeps_only_running_requests_and_its_size():
     from dspark_vllm.budget import SurvivalPool
 
+    from dspark_vllm.budget import mean_curve
+
     pool = SurvivalPool(4)
     pool.add(["a", "b"], [[0.9], [0.2]])
     pool.add(["a", "c", "c"], [[0.8], [0.3], [0.4]])
     assert len(pool) == 4 and pool.curves() == [[0.2], [0.8], [0.3], [0.4]]  # newest 4
+    assert pool.mean() == mean_curve(pool.curves())
     pool.forget("c")
-    assert pool.curves() == [[0.2], [0.8]]
+    assert pool.curves() == [[0.2], [0.8]] and pool.mean() == mean_curve([[0.2], [0.8]])
+    pool.add([], [])  # a step that drafted nothing: the kept mean still holds
     pool.add(["d"] * 3, [[0.5]] * 3)  # still bounded after pruning
     assert len(pool) == 4 and pool.curves()[0] == [0.8]
+    assert pool.mean() == mean_curve([[0.8], [0.5], [0.5], [0.5]])
     for req in "abd":
         pool.forget(req)
-    assert pool.curves() == []
+    assert pool.curves() == [] and pool.mean() is None
+    assert mean_curve([[0.9, 0.5], [0.3]]) == (0.6, 0.25)  # shorter curves count 0 past the end
 
 
 def test_a_finished_hard_request_does_not_keep_the_next_one_undrafted():
