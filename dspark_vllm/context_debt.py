@@ -48,6 +48,9 @@ class _Step:
     rows: Rows
     shares: dict[str, slice | torch.Tensor]
 
+    def owed(self) -> int:
+        return sum(map(_size, self.shares.values()))
+
 
 def _size(share: slice | torch.Tensor) -> int:
     return share.stop - share.start if isinstance(share, slice) else share.shape[0]
@@ -150,8 +153,9 @@ class ContextDebt:
         parts = []
         for seq in sorted(wanted):
             step = self._steps[seq]
-            if len(wanted[seq]) == len(step.shares) and _whole(step):
-                parts.append(step.rows)  # every row of the step still owed: no gather
+            if (len(wanted[seq]) == len(step.shares)
+                    and step.owed() == step.rows.slots.shape[0]):
+                parts.append(step.rows)  # every row of the step owed, to these: no gather
             else:
                 r = step.rows
                 mine = set(wanted[seq])  # their rows in the step's own order
@@ -185,8 +189,7 @@ class ContextDebt:
 
     def _settle_one(self, seq: int) -> None:
         step = self._steps[seq]
-        held = step.rows.slots.shape[0]
-        owed = sum(map(_size, step.shares.values()))
+        held, owed = step.rows.slots.shape[0], step.owed()
         if not step.shares:
             del self._steps[seq]
             self.bytes -= _bytes(step.rows)
@@ -206,11 +209,6 @@ def _indices(shares: list[slice | torch.Tensor], device: torch.device) -> torch.
     """Row indices of `shares`, in their order -> [n] int64."""
     return torch.cat([torch.arange(s.start, s.stop, device=device) if isinstance(s, slice)
                       else s for s in shares])
-
-
-def _whole(step: _Step) -> bool:
-    """Do the step's shares still cover every one of its rows?"""
-    return sum(map(_size, step.shares.values())) == step.rows.slots.shape[0]
 
 
 def _bytes(rows: Rows) -> int:
