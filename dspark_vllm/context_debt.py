@@ -185,25 +185,22 @@ class ContextDebt:
         would be freed (a prefill beside decodes; a decode step's few rows are not worth
         a copy at every departure)."""
         for seq in seqs:
-            self._settle_one(seq)
-
-    def _settle_one(self, seq: int) -> None:
-        step = self._steps[seq]
-        held, owed = step.rows.slots.shape[0], step.owed()
-        if not step.shares:
-            del self._steps[seq]
-            self.bytes -= _bytes(step.rows)
-        elif 2 * owed < held and held - owed >= COMPACT_ROWS:
-            r = step.rows
-            idx = _indices(list(step.shares.values()), r.slots.device)
-            kept = Rows(r.feats[idx], r.positions[idx], r.slots[idx])  # copies
-            offsets = [0]
-            for s in step.shares.values():
-                offsets.append(offsets[-1] + _size(s))
-            step.shares = {o: slice(a, b) for o, a, b in zip(step.shares, offsets, offsets[1:])}
-            self.bytes += _bytes(kept) - _bytes(r)
-            step.rows = kept
-
+            step = self._steps[seq]
+            held, owed = step.rows.slots.shape[0], step.owed()
+            if not step.shares:
+                del self._steps[seq]
+                self.bytes -= _bytes(step.rows)
+            elif 2 * owed < held and held - owed >= COMPACT_ROWS:
+                r = step.rows
+                idx = _indices(list(step.shares.values()), r.slots.device)
+                kept = Rows(r.feats[idx], r.positions[idx], r.slots[idx])  # copies
+                offsets = [0]
+                for s in step.shares.values():
+                    offsets.append(offsets[-1] + _size(s))
+                step.shares = {o: slice(a, b)
+                               for o, a, b in zip(step.shares, offsets, offsets[1:])}
+                self.bytes += _bytes(kept) - _bytes(r)
+                step.rows = kept
 
 def _indices(shares: list[slice | torch.Tensor], device: torch.device) -> torch.Tensor:
     """Row indices of `shares`, in their order -> [n] int64."""
