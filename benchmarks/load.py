@@ -68,21 +68,28 @@ async def closed_loop(url: str, prompts: list[list[dict]], concurrency: int, num
 
 
 async def open_loop(url: str, prompts: list[list[dict]], rate: float, num_requests: int,
-                    max_tokens: int, temperature: float = 0.0, seed: int = 0
-                    ) -> tuple[list[RequestResult], float]:
-    """Poisson arrivals at `rate` requests per second."""
+                    max_tokens: int, temperature: float = 0.0, seed: int = 0, warmup: int = 0,
+                    max_seconds: float = 600) -> tuple[list[RequestResult], float]:
+    """Poisson arrivals at `rate` requests per second: `warmup` requests, then `num_requests`
+    measured ones; arrivals stop at `max_seconds`, and every request sent is awaited."""
     from openai import AsyncOpenAI
 
+    if not rate > 0:
+        raise ValueError(f"open-loop rate {rate!r}: use a positive number of requests per second")
     client = AsyncOpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=600)
     rng = random.Random(seed)
     tasks = []
-    for i in range(num_requests):
+    deadline = time.perf_counter() + max_seconds
+    for i in range(warmup + num_requests):
+        if time.perf_counter() >= deadline:
+            break
         tasks.append(asyncio.create_task(_one(client, prompts[i % len(prompts)], max_tokens,
                                               temperature)))
         await asyncio.sleep(rng.expovariate(rate))
-    results = list(await asyncio.gather(*tasks))
+    results = list(await asyncio.gather(*tasks))[warmup:]
     await client.close()
-    return results, max(r.end for r in results) - min(r.start for r in results)
+    window = max(r.end for r in results) - min(r.start for r in results) if results else 0.0
+    return results, window
 
 
 def summarize(results: list[RequestResult], window: float) -> dict:

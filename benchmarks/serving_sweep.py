@@ -118,7 +118,7 @@ def measure_once(server, prompts, conc, reqs, warmup, rep, open_rate=None) -> di
     t0 = time.perf_counter()
     if open_rate:
         res, window = asyncio.run(open_loop(url, prompts[rep:] + prompts[:rep], open_rate * conc,
-                                            reqs, MAX_TOKENS, seed=rep))
+                                            reqs, MAX_TOKENS, seed=rep, warmup=warmup))
     else:
         res, window = asyncio.run(closed_loop(url, prompts[rep:] + prompts[:rep], conc, reqs,
                                               MAX_TOKENS, warmup=warmup))
@@ -353,6 +353,9 @@ def main(argv=None):
         server_groups([], args.interleave, args.instances)
     except ValueError as e:
         p.error(str(e))
+    if args.poisson is not None and not args.poisson > 0:
+        p.error(f"--poisson {args.poisson}: use a positive arrival rate (requests per second "
+                "per unit of concurrency), or leave it out for closed-loop clients")
     if args.drafter_b and not Path(args.drafter_b, "config.json").is_file():
         p.error(f"--drafter-b {args.drafter_b}: no drafter there (no config.json)")
     known = configs(args.drafter, args.mtp1, tuple(args.fixed), args.drafter_b)
