@@ -181,7 +181,8 @@ def _git() -> str:
         return "unknown"
 
 
-def write_report(out: Path, results: dict) -> None:
+def write_report(out: Path, results: dict, poisson: float | None = None) -> None:
+    """sweep.md and the plots; `poisson`: the open loop's arrival rate per unit of `conc`."""
     cpu = platform.processor() or platform.machine()
     try:
         cpu = next(x.split(":", 1)[1].strip() for x in Path("/proc/cpuinfo").read_text().splitlines()
@@ -190,6 +191,9 @@ def write_report(out: Path, results: dict) -> None:
         pass
     lines = [f"# Serving sweep ({datetime.date.today()}, commit {_git()}, {cpu}, "
              f"{len(__import__('os').sched_getaffinity(0))} cores)", "",
+             (f"Open loop: Poisson arrivals at {poisson:g} x conc requests per second."
+              if poisson else "Closed loop: conc users, each sending its next request when "
+              "the last one finishes."), "",
              "| config | conc | per-user tok/s | throughput tok/s | TTFT p50/p99 ms | "
              "TPOT p50/p99 ms | tau | verified drafts/step | steps drafted |",
              "|---|---|---|---|---|---|---|---|---|"]

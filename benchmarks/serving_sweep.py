@@ -308,7 +308,7 @@ def run_sweep(args) -> dict:
         save()
     from benchmarks.report import write_report
 
-    write_report(out, results)
+    write_report(out, results, args.poisson)
     return results
 
 
