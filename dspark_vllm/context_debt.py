@@ -202,6 +202,7 @@ class ContextDebt:
                 self.bytes += _bytes(kept) - _bytes(r)
                 step.rows = kept
 
+
 def _indices(shares: list[slice | torch.Tensor], device: torch.device) -> torch.Tensor:
     """Row indices of `shares`, in their order -> [n] int64."""
     return torch.cat([torch.arange(s.start, s.stop, device=device) if isinstance(s, slice)
