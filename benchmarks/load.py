@@ -62,9 +62,8 @@ async def closed_loop(url: str, prompts: list[list[dict]], concurrency: int, num
 
     t0 = time.perf_counter()
     await asyncio.gather(*(user() for _ in range(concurrency)))
-    window = max(r.end for r in results) - min(r.start for r in results) if results else 0.0
     await client.close()
-    return results, window or (time.perf_counter() - t0)
+    return results, _window(results) or (time.perf_counter() - t0)
 
 
 async def open_loop(url: str, prompts: list[list[dict]], rate: float, num_requests: int,
@@ -88,8 +87,12 @@ async def open_loop(url: str, prompts: list[list[dict]], rate: float, num_reques
         await asyncio.sleep(rng.expovariate(rate))
     results = list(await asyncio.gather(*tasks))[warmup:]
     await client.close()
-    window = max(r.end for r in results) - min(r.start for r in results) if results else 0.0
-    return results, window
+    return results, _window(results)
+
+
+def _window(results: list[RequestResult]) -> float:
+    """Seconds from the first measured request's start to the last one's end (0 if none)."""
+    return max(r.end for r in results) - min(r.start for r in results) if results else 0.0
 
 
 def summarize(results: list[RequestResult], window: float) -> dict:
