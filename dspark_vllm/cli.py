@@ -17,11 +17,13 @@ def _prepare_target(a: argparse.Namespace) -> None:
 
 
 def _make_data(a: argparse.Namespace) -> None:
+    from .datasets import parse_mix
     from .train.make_data import MakeDataConfig, make_data
 
     cfg = MakeDataConfig(out_dir=a.out, target=a.target, num_prompts=a.num_prompts,
                          first_prompt=a.first_prompt, max_new_tokens=a.max_new_tokens,
-                         shard_size=a.shard_size, seed=a.seed)
+                         shard_size=a.shard_size, seed=a.seed,
+                         mix=parse_mix(a.mix) if a.mix else None)
     print(make_data(cfg))
 
 
@@ -128,6 +130,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--max-new-tokens", type=int, default=320)
     s.add_argument("--shard-size", type=int, default=384)
     s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--mix", default=None, metavar="CATEGORY=SHARE[,...]",
+                   help="prompt categories and shares, e.g. libcode=1 (default: the training "
+                        "mix, math 0.45, code 0.20, t0 0.30, instruct 0.05)")
     s.set_defaults(fn=_make_data)
 
     s = sub.add_parser("build-cache", help="run the target once over make-data output")

@@ -108,38 +108,93 @@ def load_eval_set(name_or_path: str, limit: int | None = None, per_category: int
 
 
 # ------------------------------------------------------------------ training mixes
-def _stdlib_code_prompts(max_prompts: int, seed: int) -> list[dict]:
-    """'Implement this function' prompts from documented functions of the Python stdlib."""
-    root = Path(sysconfig.get_paths()["stdlib"])
+def _documented_functions(files: list[Path], top_level: bool) -> list[tuple[str, str, str, str]]:
+    """(module, name, args, docstring) of each public function with a 40-600 character
+    docstring in `files`: every def (methods included), or only module-level ones."""
     items = []
-    for path in sorted(root.glob("*.py")) + sorted(root.glob("*/*.py")):
-        if "test" in path.parts[-2:][0] or path.name.startswith("test"):
-            continue
+    for path in files:
         try:
             tree = ast.parse(path.read_text(errors="ignore"))
         except (SyntaxError, ValueError):
             continue
-        for node in ast.walk(tree):
+        for node in tree.body if top_level else ast.walk(tree):
             if isinstance(node, ast.FunctionDef) and not node.name.startswith("_"):
                 doc = ast.get_docstring(node)
                 if doc and 40 <= len(doc) <= 600:
-                    args = ast.unparse(node.args)
-                    items.append((path.stem, node.name, args, doc))
-    rng = random.Random(seed)
-    rng.shuffle(items)
-    styles = [
-        "Write a Python function `{name}({args})` that does the following:\n{doc}",
-        "Implement this Python function:\n\n```python\ndef {name}({args}):\n    \"\"\"{doc}\"\"\"\n```",
-        "In Python, write `{name}` with signature ({args}). Explain briefly, then give the code.\n{doc}",
-    ]
-    return [{"id": f"code-{mod}.{name}-{i}", "category": "code",
-             "messages": _user(styles[i % 3].format(name=name, args=args, doc=doc))}
-            for i, (mod, name, args, doc) in enumerate(items[:max_prompts])]
+                    items.append((path.stem, node.name, ast.unparse(node.args), doc))
+    return items
+
+
+def _stdlib_functions(seed: int) -> list[tuple[str, str, str, str]]:
+    root = Path(sysconfig.get_paths()["stdlib"])
+    files = [p for p in sorted(root.glob("*.py")) + sorted(root.glob("*/*.py"))
+             if "test" not in p.parts[-2:][0] and not p.name.startswith("test")]
+    items = _documented_functions(files, top_level=False)
+    random.Random(seed).shuffle(items)
+    return items
+
+
+CODE_STYLES = (
+    "Write a Python function `{name}({args})` that does the following:\n{doc}",
+    "Implement this Python function:\n\n```python\ndef {name}({args}):\n    \"\"\"{doc}\"\"\"\n```",
+    "In Python, write `{name}` with signature ({args}). Explain briefly, then give the code.\n{doc}",
+    # HumanEval's framing (the evaluation's instruction, never its problems).
+    "Complete the following Python function.\n\n```python\ndef {name}({args}):\n    \"\"\"{doc}\"\"\"\n```",
+)
+
+
+def _code_prompts(items, category: str, n_styles: int) -> list[dict]:
+    return [{"id": f"{category}-{mod}.{name}-{i}", "category": category,
+             "messages": _user(CODE_STYLES[i % n_styles].format(name=name, args=args, doc=doc))}
+            for i, (mod, name, args, doc) in enumerate(items)]
+
+
+def _stdlib_code_prompts(max_prompts: int, seed: int) -> list[dict]:
+    """'Implement this function' prompts from documented functions of the Python stdlib
+    (the default mix's code: ids `code-<module>.<name>-<i>`, three instruction styles)."""
+    return _code_prompts(_stdlib_functions(seed)[:max_prompts], "code", 3)
+
+
+LIBRARY_CODE_PACKAGES = ("numpy", "networkx", "sympy", "scipy", "mpmath", "jinja2", "packaging",
+                         "click", "setuptools", "pip")
+"""Installed pure-Python-heavy packages whose module-level functions become `libcode` prompts
+(those not installed are skipped): more code to distil than the stdlib's ~3,800 functions."""
+
+
+def library_code_prompts(max_code: int, seed: int) -> list[dict]:
+    """The `libcode` category: stdlib functions past the default mix's first `max_code` (so
+    never the same function as a `code` prompt), then module-level functions of
+    LIBRARY_CODE_PACKAGES; four instruction styles, shuffled."""
+    site = Path(sysconfig.get_paths()["purelib"])
+    files = [f for pkg in LIBRARY_CODE_PACKAGES if (site / pkg).is_dir()
+             for f in sorted((site / pkg).rglob("*.py"))
+             if "test" not in str(f.relative_to(site)).lower()]
+    lib = _documented_functions(files, top_level=True)
+    random.Random(seed).shuffle(lib)
+    return _code_prompts(_stdlib_functions(seed)[max_code:] + lib, "libcode", 4)
 
 
 TRAIN_MIX = {"math": 0.45, "code": 0.20, "t0": 0.30, "instruct": 0.05}
 """Category shares of the distillation mix: math and code weigh most, as the evaluation
-targets (GSM8K, HumanEval) do; T0 covers QA/summarization/classification."""
+targets (GSM8K, HumanEval) do; T0 covers QA/summarization/classification. A mix may also
+name `libcode` (library_code_prompts), kept out of the default so its prompts stay as they were."""
+MIX_CATEGORIES = (*TRAIN_MIX, "libcode")
+
+
+def parse_mix(text: str) -> dict[str, float]:
+    """'code=1' or 'math=0.5,libcode=0.5' -> {category: share}; a clear error otherwise."""
+    mix = {}
+    for part in text.split(","):
+        name, _, share = part.strip().partition("=")
+        try:
+            weight = float(share)
+        except ValueError:
+            weight = float("nan")
+        if name not in MIX_CATEGORIES or not weight > 0:
+            raise ValueError(f"mix entry {part.strip()!r}: use CATEGORY=SHARE with a positive "
+                             f"share and a category among {list(MIX_CATEGORIES)}")
+        mix[name] = weight
+    return mix
 
 
 def training_prompts(data_dir: Path = SHARED_DATA, max_code: int = 3000, seed: int = 0,
@@ -168,6 +223,10 @@ def training_prompts(data_dir: Path = SHARED_DATA, max_code: int = 3000, seed: i
     for i, r in enumerate(t0):
         rows.append({"id": f"t0-{i}", "category": "t0", "messages": _user(r["prompt"])})
     rows += _stdlib_code_prompts(max_code, seed)
+    if mix and "libcode" in mix:  # parsed only when asked for: it reads ~2,000 files
+        seen = {r["messages"][0]["content"] for r in rows}
+        rows += [r for r in library_code_prompts(max_code, seed)
+                 if r["messages"][0]["content"] not in seen]
     banned = {m["messages"][0]["content"].strip() for m in spec_bench() + gsm8k_heldout()}
     rng = random.Random(seed)
     pools: dict[str, list[dict]] = {}

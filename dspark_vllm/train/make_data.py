@@ -33,6 +33,8 @@ class MakeDataConfig:
     """Share of prompts answered greedily; the rest at temperature `sample_temperature`."""
     sample_temperature: float = 0.8
     seed: int = 0
+    mix: dict[str, float] | None = None
+    """Category shares of the prompts (datasets.parse_mix); None = datasets.TRAIN_MIX."""
     dtype: str = "auto"
     """vLLM dtype; auto = bfloat16 where the CPU has native bf16 (AMX/AVX512-BF16), else float32."""
     eager: bool = False
@@ -50,6 +52,11 @@ class MakeDataConfig:
             bad.append(f"greedy_fraction={self.greedy_fraction}: a share in [0, 1]")
         if not self.sample_temperature > 0:
             bad.append(f"sample_temperature={self.sample_temperature}: must be > 0")
+        if self.mix is not None:
+            from ..datasets import MIX_CATEGORIES
+
+            bad += [f"mix[{c!r}]={w}: a positive share of a category among {list(MIX_CATEGORIES)}"
+                    for c, w in self.mix.items() if c not in MIX_CATEGORIES or not w > 0]
         if self.dtype not in DTYPES:
             bad.append(f"dtype={self.dtype!r}: one of {list(DTYPES)}")
         if bad:
@@ -100,8 +107,8 @@ def make_data(cfg: MakeDataConfig) -> Path:
     want = {**asdict(cfg), "target": str(target)}
     want.pop("out_dir")
     if manifest.is_file():
-        # Manifests written before first_prompt existed started at prompt 0.
-        have = {"first_prompt": 0, **json.loads(manifest.read_text())}
+        # Manifests written before first_prompt and mix existed: prompt 0, the default mix.
+        have = {"first_prompt": 0, "mix": None, **json.loads(manifest.read_text())}
         if have != want:
             diff = {k: (have.get(k), v) for k, v in want.items() if have.get(k) != v}
             raise ValueError(f"{out} holds data made with other settings {diff}; "
@@ -110,7 +117,7 @@ def make_data(cfg: MakeDataConfig) -> Path:
 
     tok = AutoTokenizer.from_pretrained(target)
     prompts = []
-    for p in training_prompts(seed=cfg.seed):
+    for p in training_prompts(seed=cfg.seed, mix=cfg.mix):
         ids = encode_chat(tok, p["messages"])
         if len(ids) <= cfg.max_prompt_tokens:
             prompts.append((p, ids))
