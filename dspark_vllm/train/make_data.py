@@ -53,10 +53,9 @@ class MakeDataConfig:
         if not self.sample_temperature > 0:
             bad.append(f"sample_temperature={self.sample_temperature}: must be > 0")
         if self.mix is not None:
-            from ..datasets import MIX_CATEGORIES
+            from ..datasets import mix_problems
 
-            bad += [f"mix[{c!r}]={w}: a positive share of a category among {list(MIX_CATEGORIES)}"
-                    for c, w in self.mix.items() if c not in MIX_CATEGORIES or not w > 0]
+            bad += mix_problems(self.mix)
         if self.dtype not in DTYPES:
             bad.append(f"dtype={self.dtype!r}: one of {list(DTYPES)}")
         if bad:
