@@ -23,7 +23,7 @@ def _make_data(a: argparse.Namespace) -> None:
     cfg = MakeDataConfig(out_dir=a.out, target=a.target, num_prompts=a.num_prompts,
                          first_prompt=a.first_prompt, max_new_tokens=a.max_new_tokens,
                          shard_size=a.shard_size, seed=a.seed,
-                         mix=parse_mix(a.mix) if a.mix else None)
+                         mix=None if a.mix is None else parse_mix(a.mix))
     print(make_data(cfg))
 
 

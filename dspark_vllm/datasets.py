@@ -126,6 +126,7 @@ def _documented_functions(files: list[Path], top_level: bool) -> list[tuple[str,
 
 
 def _stdlib_functions(seed: int) -> list[tuple[str, str, str, str]]:
+    """The stdlib's documented functions (methods included), shuffled by `seed`."""
     root = Path(sysconfig.get_paths()["stdlib"])
     files = [p for p in sorted(root.glob("*.py")) + sorted(root.glob("*/*.py"))
              if "test" not in p.parts[-2:][0] and not p.name.startswith("test")]
@@ -149,29 +150,22 @@ def _code_prompts(items, category: str, n_styles: int) -> list[dict]:
             for i, (mod, name, args, doc) in enumerate(items)]
 
 
-def _stdlib_code_prompts(max_prompts: int, seed: int) -> list[dict]:
-    """'Implement this function' prompts from documented functions of the Python stdlib
-    (the default mix's code: ids `code-<module>.<name>-<i>`, three instruction styles)."""
-    return _code_prompts(_stdlib_functions(seed)[:max_prompts], "code", 3)
-
-
 LIBRARY_CODE_PACKAGES = ("numpy", "networkx", "sympy", "scipy", "mpmath", "jinja2", "packaging",
                          "click", "setuptools", "pip")
 """Installed pure-Python-heavy packages whose module-level functions become `libcode` prompts
 (those not installed are skipped): more code to distil than the stdlib's ~3,800 functions."""
 
 
-def library_code_prompts(max_code: int, seed: int) -> list[dict]:
-    """The `libcode` category: stdlib functions past the default mix's first `max_code` (so
-    never the same function as a `code` prompt), then module-level functions of
-    LIBRARY_CODE_PACKAGES; four instruction styles, shuffled."""
+def library_code_prompts(unused_stdlib: list[tuple[str, str, str, str]], seed: int) -> list[dict]:
+    """The `libcode` category: the stdlib functions the `code` category leaves unused, then
+    module-level functions of LIBRARY_CODE_PACKAGES; four instruction styles, shuffled."""
     site = Path(sysconfig.get_paths()["purelib"])
     files = [f for pkg in LIBRARY_CODE_PACKAGES if (site / pkg).is_dir()
              for f in sorted((site / pkg).rglob("*.py"))
              if "test" not in str(f.relative_to(site)).lower()]
     lib = _documented_functions(files, top_level=True)
     random.Random(seed).shuffle(lib)
-    return _code_prompts(_stdlib_functions(seed)[max_code:] + lib, "libcode", 4)
+    return _code_prompts(unused_stdlib + lib, "libcode", 4)
 
 
 TRAIN_MIX = {"math": 0.45, "code": 0.20, "t0": 0.30, "instruct": 0.05}
@@ -232,10 +226,11 @@ def training_prompts(data_dir: Path = SHARED_DATA, max_code: int = 3000, seed: i
                      "messages": _user(r["instruction"] + (f"\n\n{inp}" if inp else ""))})
     for i, r in enumerate(t0):
         rows.append({"id": f"t0-{i}", "category": "t0", "messages": _user(r["prompt"])})
-    rows += _stdlib_code_prompts(max_code, seed)
+    stdlib = _stdlib_functions(seed)  # the first max_code are the default mix's code
+    rows += _code_prompts(stdlib[:max_code], "code", 3)
     if mix and "libcode" in mix:  # parsed only when asked for: it parses ~2,700 files
         seen = {r["messages"][0]["content"] for r in rows}
-        rows += [r for r in library_code_prompts(max_code, seed)
+        rows += [r for r in library_code_prompts(stdlib[max_code:], seed)
                  if r["messages"][0]["content"] not in seen]
     banned = {m["messages"][0]["content"].strip() for m in spec_bench() + gsm8k_heldout()}
     rng = random.Random(seed)
