@@ -11,7 +11,9 @@ topk-k     torch.topk of U, then the top-k kernel (kernels.topk) on the k candid
 block      a whole draft block's K = 7 sequential steps as dspark_vllm.sequential runs them (the
            dispatcher's argmax / step-with-probabilities per slot, then the draft-to-target id
            map), against the same loop written with the unfused torch sequence; at the bundled
-           drafter's shapes (8192-token draft vocabulary, r = 64, bf16) and a Qwen3-sized one
+           drafter's shapes (8192-token draft vocabulary, r = 64, bf16) and a Qwen3-sized one;
+           on CUDA also through dspark_vllm.block_graph.BlockGraphs as sample_block runs it
+           there (inputs copied into a captured graph, one replay, outputs cloned out)
 On CUDA the device's copy bandwidth (a large device-to-device copy, read + write bytes) is
 measured and each fused kernel's effective bandwidth -- bytes of W2 + U read once plus the
 outputs written, per second -- is reported as a fraction of it.  Each CUDA timing is also taken as a
@@ -200,8 +202,24 @@ def block_loop(x, fused: bool, greedy: bool, gen):
     return torch.stack(out, 1)
 
 
+def graphed_block(x, greedy: bool, graphs):
+    """block_loop(x, fused=True) through dspark_vllm.block_graph.BlockGraphs, as
+    sequential.sample_block runs it on a GPU: inputs copied into a captured graph's static
+    buffers, one replay, the outputs cloned out."""
+    inputs = dict(base=x["base"], anchor=x["anchor"], temperature=x["temperature"],
+                  seed=x["seed"], positions=x["positions"].t())  # batch-major, as captured
+
+    def walk(positions, **rest):
+        return (block_loop(dict(x, positions=positions.t().contiguous(), **rest), True, greedy,
+                           None),)
+
+    return graphs.run(("bench", greedy, x["w1"].data_ptr()), inputs, walk)[0]
+
+
 def bench_blocks(device):
-    timer = timer_for(device)
+    from dspark_vllm.block_graph import BlockGraphs
+
+    timer, graphs = timer_for(device), BlockGraphs()
     for name, vd, vt, r, dtype in BLOCK_SHAPES:
         for b in BLOCK_BATCH:
             x = block_inputs(b, vd, vt, r, dtype, device)
@@ -217,6 +235,9 @@ def bench_blocks(device):
                         "block unfused " + mode, lambda: block_loop(x, False, greedy, gen))
                     row["dispatch_graph_ms"] = time_graph(
                         "block dispatch " + mode, lambda: block_loop(x, True, greedy, gen))
+                    row["graphs_ms"] = timer(lambda: graphed_block(x, greedy, graphs))
+                    row["graphs_agree"] = float((graphed_block(x, greedy, graphs) ==
+                                                 block_loop(x, True, greedy, gen)).float().mean())
                 if greedy:  # same tokens from both loops (argmax: no random stream involved)
                     row["tokens_agree"] = float((block_loop(x, False, True, gen) ==
                                                  block_loop(x, True, True, gen)).float().mean())
@@ -309,8 +330,9 @@ def markdown(report) -> str:
         lines += ["", f"A draft block's {BLOCK_K} sequential steps (sampled: with the [B, V] "
                   "probabilities the rejection sampler reads):", "",
                   "| shape | dtype | r | Vd | B | mode | unfused ms | dispatch ms | speed-up | "
-                  "graph: unfused ms | graph: dispatch ms | graph speed-up |",
-                  "|" + "---|" * 12]
+                  "graph: unfused ms | graph: dispatch ms | graph speed-up | BlockGraphs ms | "
+                  "BlockGraphs vs dispatch |",
+                  "|" + "---|" * 14]
         for row in report["blocks"]:
             lines.append(f"| {row['shape']} | {row['dtype']} | {row['r']} | {row['Vd']} | "
                          f"{row['B']} | {row['mode']} | {row['unfused_ms']:.3f} | "
@@ -318,7 +340,9 @@ def markdown(report) -> str:
                          f"{row['unfused_ms'] / row['dispatch_ms']:.1f}x | "
                          f"{_ms(row.get('unfused_graph_ms'))} | "
                          f"{_ms(row.get('dispatch_graph_ms'))} | "
-                         f"{_ratio(row.get('unfused_graph_ms'), row.get('dispatch_graph_ms'))} |")
+                         f"{_ratio(row.get('unfused_graph_ms'), row.get('dispatch_graph_ms'))} | "
+                         f"{_ms(row.get('graphs_ms'))} | "
+                         f"{_ratio(row['dispatch_ms'], row.get('graphs_ms'))} |")
     if report.get("host"):
         lines += ["", "Host cost per call, eager, back-to-back (issue = the Python and launch "
                   "work; done = until the GPU finished):", "",

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The GPU check of the Triton transition-head kernels, in one go (no network, no vLLM needed;
 # torch + triton on a CUDA machine):
-#   1. the parity tests natively on the GPU (tests/test_kernels.py, `cuda`-marked tests;
-#      python -m kernels.parity --device cuda directly if pytest is not installed),
+#   1. the parity tests natively on the GPU (tests/test_kernels.py, and tests/test_sequential.py's
+#      CUDA-graph replay of the block; `cuda`-marked tests; python -m kernels.parity --device
+#      cuda directly if pytest is not installed),
 #   2. the full micro-benchmark (benchmarks/bench_kernels.py): single steps eager and as CUDA
 #      graph replays, the top-k path, and whole 7-step draft blocks; BENCH_ARGS="--host" adds
 #      each path's per-call host cost (README, "Triton kernels on a GPU", has one run's results).
@@ -42,7 +43,7 @@ fi
 echo "== parity tests on the GPU"
 if "$PYTHON" -c "import pytest" 2>/dev/null; then
     timeout "${TEST_TIMEOUT:-300}" "$PYTHON" -m pytest -q -m cuda -p no:cacheprovider \
-        tests/test_kernels.py 2>&1 | tee "$RESULTS/kernels_tests.txt"
+        tests/test_kernels.py tests/test_sequential.py 2>&1 | tee "$RESULTS/kernels_tests.txt"
     tests_rc=${PIPESTATUS[0]}
 else
     echo "(no pytest: running kernels.parity directly)" | tee "$RESULTS/kernels_tests.txt"

@@ -22,6 +22,7 @@ import torch
 from vllm.v1.sample.metadata import SamplingMetadata
 from vllm.v1.spec_decode.dflash import DFlashProposer
 
+from .block_graph import BlockGraphs
 from .config import DEFER_ENV
 from .context_debt import ContextDebt, Rows
 from .sequential import sample_block
@@ -54,6 +55,9 @@ class DSparkProposer(DFlashProposer):
         self._sample_rows = torch.arange(self.max_batch_size * k, dtype=torch.int64, device=device)
         temps = getattr(hf, "dspark_confidence_temperatures", None) or [1.0] * k
         self._conf_temps = torch.tensor(temps, dtype=torch.float32, device=device)
+        # On a GPU the sequential stage replays from CUDA graphs, unless the user asked vLLM
+        # for eager execution (block_graph.py; on a CPU it always runs eagerly).
+        self._block_graphs = None if vllm_config.model_config.enforce_eager else BlockGraphs()
         self.last_confidences: torch.Tensor | None = None  # [B, K] for the scheduler
         self.last_draft_seconds = 0.0  # wall time of the last propose() (phase metrics)
         self._runner = runner  # its input batch names the requests behind each context row
@@ -171,7 +175,8 @@ class DSparkProposer(DFlashProposer):
         out = sample_block(self.model, hidden_states.view(b, k, -1), anchors, temperature,
                            self._conf_temps[:k], want_probs=probabilistic,
                            target_vocab_size=self.vllm_config.model_config.get_vocab_size(),
-                           positions=self.positions[: b * k].view(b, k))
+                           positions=self.positions[: b * k].view(b, k),
+                           graphs=self._block_graphs)
         self.last_confidences = None if out.confidence is None else out.confidence.float().cpu()
         probs = None if out.probs is None else out.probs.flatten(0, 1)
         return out.tokens.flatten(), probs

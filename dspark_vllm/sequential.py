@@ -11,6 +11,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .block_graph import BlockGraphs
+
 GREEDY_EPS = 1e-5  # vLLM's sampler treats temperatures below this as greedy
 
 
@@ -38,29 +40,58 @@ def sample_block(
     want_probs: bool,
     target_vocab_size: int,
     positions: torch.Tensor | None = None,  # [B, K] token positions (keys the random stream)
+    graphs: BlockGraphs | None = None,  # replay the walk from CUDA graphs where it can
 ) -> SampledBlock:
-    import kernels
-
     b, k, _ = h.shape
     base = model.compute_draft_logits(h.flatten(0, 1)).view(b, k, -1)  # [B, K, Vd]
-    head = model.model.markov_head
-    w1, w2 = head.markov_w1.weight, head.markov_w2.weight  # [V, r], [Vd, r]
     greedy = temperature is None and not want_probs  # every row greedy, no distribution wanted
+    inputs = dict(base=base, anchor=anchor, h=h)
     if not greedy:
-        cols = _draft_to_target_columns(model, base.shape[-1], h.device)
-        t = torch.zeros(b, device=h.device) if temperature is None else \
+        inputs["t"] = torch.zeros(b, device=h.device) if temperature is None else \
             torch.where(temperature < GREEDY_EPS, 0.0, temperature.float())
         # A fresh random stream per step and request; greedy rows ignore it.
-        seed = torch.randint(0, 2**62, (b,), device=h.device)
-        if positions is None:
-            positions = torch.arange(k, device=h.device).expand(b, k)
-        slot_positions = positions.long().t().contiguous()  # [K, B]: one dense row per step
+        inputs["seed"] = torch.randint(0, 2**62, (b,), device=h.device)
+        inputs["positions"] = (torch.arange(k, device=h.device).expand(b, k)
+                               if positions is None else positions).long()
+
+    def walk(**x):
+        return _walk(model, conf_temps[:k], want_probs, target_vocab_size, **x)
+
+    if graphs is None:
+        tokens, probs, conf = walk(**inputs)
+    else:
+        head = model.model.markov_head
+        key = (k, greedy, want_probs, target_vocab_size, base.shape[-1], h.shape[-1],
+               head.markov_w1.weight.data_ptr(), head.markov_w2.weight.data_ptr(),
+               conf_temps.data_ptr())  # the graph reads these tensors where they lie
+        tokens, probs, conf = graphs.run(key, inputs, walk)
+    return SampledBlock(tokens=tokens, probs=probs, confidence=conf)
+
+
+def _walk(model, conf_temps: torch.Tensor, want_probs: bool, target_vocab_size: int, *,
+          base: torch.Tensor,  # [B, K, Vd] draft logits U
+          anchor: torch.Tensor,  # [B] target id of x_0
+          h: torch.Tensor,  # [B, K, H]
+          t: torch.Tensor | None = None,  # [B] f32, 0 = greedy row; None = all greedy
+          seed: torch.Tensor | None = None,  # [B] int64
+          positions: torch.Tensor | None = None,  # [B, K] int64
+          ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """The block's K steps left to right -> tokens [B, K], probs [B, K, Vt] | None,
+    confidence [B, K] | None. Tensor work only, no host sync: block_graph captures it."""
+    import kernels
+
+    b, k, vd = base.shape
+    head = model.model.markov_head
+    w1, w2 = head.markov_w1.weight, head.markov_w2.weight  # [V, r], [Vd, r]
+    if t is not None:
+        cols = _draft_to_target_columns(model, vd, base.device)
+        slot_positions = positions.t().contiguous()  # [K, B]: one dense row per step
     prev = anchor
     tokens, probs = [], []
     for i in range(k):
         # Fused rescoring: U_i + W1[x_{i-1}] W2^T, then argmax / Gumbel-max (kernels/). An
         # all-greedy block needs the token alone, not the log-normaliser and noise.
-        if greedy:
+        if t is None:
             d = kernels.transition_argmax(base[:, i], prev, w1, w2)
         else:
             d, _, _, q = kernels.transition_step(base[:, i], prev, w1, w2, t, seed,
@@ -77,9 +108,8 @@ def sample_block(
         # call for the block once its tokens are known (at one request on a CPU the per-slot
         # calls were ~1 ms of a ~50 ms step: README, the draft pass in-process).
         prevs = torch.cat([anchor[:, None], out[:, :-1]], 1)  # [B, K]
-        conf = _confidences(model.model.confidence_head, h, prevs, w1, conf_temps[:k])
-    return SampledBlock(tokens=out, probs=torch.stack(probs, 1) if probs else None,
-                        confidence=conf)
+        conf = _confidences(model.model.confidence_head, h, prevs, w1, conf_temps)
+    return out, torch.stack(probs, 1) if probs else None, conf
 
 
 def _confidences(head, h: torch.Tensor, prevs: torch.Tensor, w1: torch.Tensor,

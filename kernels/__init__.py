@@ -3,6 +3,7 @@
   transition_step, transition_step_topk, confidence   dispatching entry points (kernels.dispatch);
   transition_argmax, confidence_block                 the all-greedy loop's lighter forms
   *_ref                                               torch references (kernels.reference)
+  launching_as_captured                               launch as a CUDA-graph capture would
   *_triton                                            Triton wrappers, imported on first use so
                                                       that importing this package never needs
                                                       a working Triton
@@ -10,8 +11,8 @@
 
 from __future__ import annotations
 
-from .dispatch import (confidence, confidence_block, transition_argmax, transition_step,
-                       transition_step_topk)
+from .dispatch import (confidence, confidence_block, launching_as_captured, transition_argmax,
+                       transition_step, transition_step_topk)
 from .reference import (confidence_block_ref, confidence_ref, transition_argmax_ref,
                         transition_step_ref, transition_step_topk_ref)
 
@@ -22,7 +23,7 @@ _LAZY = {
 }
 
 __all__ = ["transition_step", "transition_step_topk", "confidence", "transition_argmax",
-           "confidence_block", "transition_step_ref", "transition_step_topk_ref",
+           "confidence_block", "launching_as_captured", "transition_step_ref", "transition_step_topk_ref",
            "confidence_ref", "transition_argmax_ref", "confidence_block_ref", *_LAZY]
 
 

@@ -8,6 +8,8 @@ signature, same random stream) runs instead.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
 import logging
 import os
@@ -19,6 +21,25 @@ from .reference import Outputs
 
 log = logging.getLogger(__name__)
 _told: set[tuple[str, str]] = set()
+_as_captured = contextvars.ContextVar("dspark_launch_as_captured", default=False)
+
+
+@contextlib.contextmanager
+def launching_as_captured():
+    """Launch the kernels as a CUDA-graph capture records them (transition: two launches,
+    no arrival counters). A warm-up before a capture runs under it, so it compiles and
+    caches the very kernels the capture then records (dspark_vllm/block_graph.py)."""
+    token = _as_captured.set(True)
+    try:
+        yield
+    finally:
+        _as_captured.reset(token)
+
+
+def capturing(device: torch.device) -> bool:
+    """Whether launches on `device` are (or are warming up to be) recorded in a CUDA graph."""
+    return device.type == "cuda" and (_as_captured.get()
+                                      or torch.cuda.is_current_stream_capturing())
 
 
 @functools.lru_cache(maxsize=None)

@@ -28,6 +28,7 @@ import triton
 import triton.language as tl
 
 from . import checks
+from .dispatch import capturing
 from . import rng_triton as rng
 
 # Tuning constants (sized from sm_90 compiles -- shared memory, registers, spills, see
@@ -334,8 +335,7 @@ def transition_step_triton(
     part_i = checks.scratch((b, cfg.num_splits), torch.int32, dev)
     fuse = fused_combine
     if fuse is None:
-        fuse = FUSED_COMBINE and cfg.block_b <= FUSE_MAX_ROWS and not (
-            dev.type == "cuda" and torch.cuda.is_current_stream_capturing())
+        fuse = FUSED_COMBINE and cfg.block_b <= FUSE_MAX_ROWS and not capturing(dev)
     counters = _arrival_counters(dev, grid[0]) if fuse else part_i  # (unread when not fused)
     block_s = merge_block_s(cfg, fuse)
     _pass1_kernel[grid](base_logits, base_logits.stride(0), prev_ids, w1, w1.stride(0), w2,

@@ -322,6 +322,10 @@ def test_kernel_benchmark_quick_on_cpu(tmp_path):
     fused = bench_kernels.block_loop(x, True, True, gen)  # [B, K] target ids
     assert fused.shape == (3, bench_kernels.BLOCK_K)
     assert torch.equal(fused, bench_kernels.block_loop(x, False, True, gen))
+    from dspark_vllm.block_graph import BlockGraphs  # eager on a CPU: the wrapper's plumbing
+    for greedy in (True, False):
+        assert torch.equal(bench_kernels.graphed_block(x, greedy, BlockGraphs()),
+                           bench_kernels.block_loop(x, True, greedy, gen))
 
 
 @pytest.mark.parametrize("argv, bad", [(["--host", "--device", "cpu"], "--host times CUDA"),

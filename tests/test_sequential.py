@@ -1,9 +1,11 @@
 """The engine's sequential stage (sequential.sample_block on the kernel dispatcher) against
 the reference drafter: same greedy tokens, same confidences, exact draft probabilities."""
 
+import pytest
 import torch
 from torch import nn
 
+from dspark_vllm.block_graph import BlockGraphs, bucket
 from dspark_vllm.drafter.drafting import sample_sequential
 from dspark_vllm.sequential import sample_block
 from tests.conftest import make_drafter
@@ -75,3 +77,46 @@ def test_probabilistic_drafts_carry_their_exact_distribution(tiny_target):
     want = d.to_target_probs(torch.softmax(logits / t[:, None, None], -1))
     assert torch.allclose(got.probs, want, atol=1e-5)
     assert (got.probs.gather(-1, got.tokens[..., None]) > 0).all()  # drawn from q
+
+
+def test_bucket_is_the_smallest_that_holds_the_batch():
+    assert [bucket(b) for b in (1, 2, 3, 5, 33, 128)] == [1, 2, 4, 8, 64, 128]
+    assert bucket(129) is None and bucket(3, (2, 6)) == 6
+
+
+def test_block_graphs_leave_cpu_blocks_eager(tiny_target):
+    d = make_drafter(tiny_target, draft_vocab=40, block=4)
+    h, anchor, temps = torch.randn(2, 4, 64), torch.tensor([4, 9]), torch.ones(4)
+    graphs = BlockGraphs()
+    want = sample_block(_VllmLike(d), h, anchor, None, temps, False, 96)
+    got = sample_block(_VllmLike(d), h, anchor, None, temps, False, 96, graphs=graphs)
+    assert torch.equal(got.tokens, want.tokens) and torch.equal(got.confidence, want.confidence)
+    assert graphs.replays == 0  # nothing to capture on a CPU
+
+
+@pytest.mark.cuda
+def test_block_graphs_replay_the_eager_walk_on_cuda(tiny_target):
+    """Replayed blocks equal eager ones: greedy and sampled, padded batches (3 -> 4, 5 -> 8),
+    fresh inputs into the same graph, and a batch above the buckets falls back to eager."""
+    dev = torch.device("cuda")
+    d = make_drafter(tiny_target, draft_vocab=40, block=5).to(dev)
+    m, temps = _VllmLike(d), torch.tensor([1.0, 2.0, 0.5, 1.5, 3.0], device=dev)
+    graphs = BlockGraphs(buckets=(1, 4, 8))
+    calls = 0
+    for b in (3, 3, 5, 1, 9):
+        for temperature, want_probs in ((None, False), (torch.rand(b, device=dev) + 0.3, True)):
+            h = torch.randn(b, 5, 64, device=dev)
+            anchor = torch.randint(0, 96, (b,), device=dev)
+            pos = torch.randint(0, 1000, (b, 5), device=dev)
+            out = []
+            for g in (None, graphs):
+                torch.manual_seed(7)  # the same per-request seeds for both walks
+                out.append(sample_block(m, h, anchor, temperature, temps, want_probs, 96,
+                                        positions=pos, graphs=g))
+            calls += b <= 8
+            want, got = out
+            assert torch.equal(got.tokens, want.tokens), (b, want_probs)
+            assert torch.allclose(got.confidence, want.confidence, atol=1e-6)
+            if want_probs:
+                assert torch.allclose(got.probs, want.probs, atol=1e-6)
+    assert graphs.replays == calls
