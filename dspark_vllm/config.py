@@ -18,6 +18,7 @@ SCHEDULER_CLS = "dspark_vllm.scheduler.DSparkScheduler"
 LEDGER_SCHEDULER_CLS = "dspark_vllm.ledger_scheduler.LedgerScheduler"  # plain + step ledger
 BLOCK_DROP_ENV = "DSPARK_EAGLE_BLOCK_DROP"  # "1": vLLM's EAGLE prefix-cache block drop
 DEFER_ENV = "DSPARK_DEFER_CONTEXT"  # "0": write the drafter's context K/V every step
+GRAPHS_ENV = "DSPARK_BLOCK_GRAPHS"  # "0": on a GPU the drafted block's walk runs eagerly
 HANDOVER_ENV = "DSPARK_DRAFT_HANDOVER"  # "0": drafts reach the engine by vLLM's extra RPC
 GATE_ENV = "DSPARK_GATE_VERDICT"  # what the draft gate measures by (gate.py)
 TRACE_ENV = "DSPARK_STEP_TRACE"  # a directory: every engine step as a JSON line (ledger_scheduler)
@@ -140,6 +141,8 @@ class DSparkServeConfig:
         # Read in the worker (proposer) and in each process (plugin); validated here, once.
         _switch(DEFER_ENV, "1", "steps that draft nothing defer the drafter's context K/V to "
                 "one batched write, the default", "write it every step")
+        _switch(GRAPHS_ENV, "1", "on a GPU the drafted block's walk replays from CUDA graphs "
+                "(block_graph.py), the default", "it runs eagerly")
         _switch(HANDOVER_ENV, "1", "a step's drafts ride its output to the engine, the default",
                 "vLLM's separate take_draft_token_ids RPC")
         _choice(GATE_ENV, "paired", GATE_VERDICTS)

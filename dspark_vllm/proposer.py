@@ -23,7 +23,7 @@ from vllm.v1.sample.metadata import SamplingMetadata
 from vllm.v1.spec_decode.dflash import DFlashProposer
 
 from .block_graph import BlockGraphs
-from .config import DEFER_ENV
+from .config import DEFER_ENV, GRAPHS_ENV
 from .context_debt import ContextDebt, Rows
 from .sequential import sample_block
 
@@ -56,8 +56,11 @@ class DSparkProposer(DFlashProposer):
         temps = getattr(hf, "dspark_confidence_temperatures", None) or [1.0] * k
         self._conf_temps = torch.tensor(temps, dtype=torch.float32, device=device)
         # On a GPU the sequential stage replays from CUDA graphs, unless the user asked vLLM
-        # for eager execution (block_graph.py; on a CPU it always runs eagerly).
-        self._block_graphs = None if vllm_config.model_config.enforce_eager else BlockGraphs()
+        # for eager execution or DSPARK_BLOCK_GRAPHS=0 (block_graph.py; on a CPU it always
+        # runs eagerly).
+        graphs = not vllm_config.model_config.enforce_eager and \
+            os.environ.get(GRAPHS_ENV, "1") == "1"  # validated in config.py
+        self._block_graphs = BlockGraphs() if graphs else None
         self.last_confidences: torch.Tensor | None = None  # [B, K] for the scheduler
         self.last_draft_seconds = 0.0  # wall time of the last propose() (phase metrics)
         self._runner = runner  # its input batch names the requests behind each context row

@@ -338,6 +338,15 @@ def test_kernel_benchmark_refuses_a_bad_device_by_name(argv, bad, capsys):
     assert bad in capsys.readouterr().err
 
 
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="checks the CPU refusal")
+def test_block_graph_cost_refuses_a_machine_without_cuda(capsys):
+    from benchmarks import block_graph_cost
+
+    with pytest.raises(SystemExit):
+        block_graph_cost.main([])
+    assert "CUDA graphs need a CUDA device" in capsys.readouterr().err
+
+
 def test_step_trace_sets_drafted_steps_beside_plain_ones_by_batch(tmp_path, capsys):
     import json
 
