@@ -6,12 +6,15 @@
 #      cuda directly if pytest is not installed),
 #   2. the full micro-benchmark (benchmarks/bench_kernels.py): single steps eager and as CUDA
 #      graph replays, the top-k path, and whole 7-step draft blocks; BENCH_ARGS="--host" adds
-#      each path's per-call host cost (README, "Triton kernels on a GPU", has one run's results).
+#      each path's per-call host cost (README, "Triton kernels on a GPU", has one run's results),
+#   3. the one-time cost of the CUDA-graph blocks (benchmarks/block_graph_cost.py): each padded
+#      batch's capture time and the GPU memory its graph keeps.
 # Results go to $OUT if set, else benchmarks/results/:  kernels_env.txt, kernels_tests.txt,
-# kernels.json, kernels.md, kernels_bench.log.
+# kernels.json, kernels.md, kernels_bench.log, block_graph_cost.{json,md}.
 # Knobs: PYTHON (interpreter; default .venv/bin/python, else python3), BENCH_ARGS (extra
-# benchmark flags, e.g. --quick), TEST_TIMEOUT / BENCH_TIMEOUT (seconds, default 300 / 420).
-# Exit status: non-zero if the tests or the benchmark failed.
+# benchmark flags, e.g. --quick), TEST_TIMEOUT / BENCH_TIMEOUT / COST_TIMEOUT (seconds,
+# default 300 / 420 / 180).
+# Exit status: non-zero if the tests or a benchmark failed.
 set -uo pipefail
 
 cd "$(dirname "$0")/.."
@@ -60,4 +63,10 @@ timeout "${BENCH_TIMEOUT:-420}" "$PYTHON" benchmarks/bench_kernels.py --device c
 bench_rc=${PIPESTATUS[0]}
 echo "benchmark exit status: $bench_rc" | tee -a "$RESULTS/kernels_bench.log"
 
-[[ $tests_rc -eq 0 && $bench_rc -eq 0 ]]
+echo "== CUDA-graph block cost"
+timeout "${COST_TIMEOUT:-180}" "$PYTHON" benchmarks/block_graph_cost.py \
+    --out "$RESULTS/block_graph_cost" 2>&1 | grep -v '^{'
+cost_rc=${PIPESTATUS[0]}
+echo "block_graph_cost exit status: $cost_rc"
+
+[[ $tests_rc -eq 0 && $bench_rc -eq 0 && $cost_rc -eq 0 ]]
