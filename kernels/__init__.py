@@ -23,8 +23,9 @@ _LAZY = {
 }
 
 __all__ = ["transition_step", "transition_step_topk", "confidence", "transition_argmax",
-           "confidence_block", "launching_as_captured", "transition_step_ref", "transition_step_topk_ref",
-           "confidence_ref", "transition_argmax_ref", "confidence_block_ref", *_LAZY]
+           "confidence_block", "launching_as_captured", "transition_step_ref",
+           "transition_step_topk_ref", "confidence_ref", "transition_argmax_ref",
+           "confidence_block_ref", *_LAZY]
 
 
 def __getattr__(name: str):

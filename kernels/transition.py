@@ -28,8 +28,8 @@ import triton
 import triton.language as tl
 
 from . import checks
-from .dispatch import capturing
 from . import rng_triton as rng
+from .dispatch import capturing
 
 # Tuning constants (sized from sm_90 compiles -- shared memory, registers, spills, see
 # kernels/aot.py -- not from timings). Timed once on an H200 (benchmarks/bench_kernels.py,
