@@ -8,8 +8,8 @@ captures, the first call (a warm-up on a side stream, then the capture) is timed
 later replay, and the GPU memory the captured graph keeps (its static inputs and outputs,
 and its pool's reserve) is read from torch's allocator. BlockGraphs captures lazily, after
 vLLM has sized its KV cache, so this memory comes out of the headroom that
---gpu-memory-utilization leaves. The first call at a shape also compiles its Triton kernels
-(`compiles` marks it); later processes read them from Triton's disk cache.
+--gpu-memory-utilization leaves. The first call at a new kernel shape also compiles its Triton
+kernels, inside first_call_ms; later processes read them from Triton's disk cache.
 Writes <out>.json and <out>.md.
 """
 

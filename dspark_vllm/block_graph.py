@@ -61,18 +61,15 @@ class BlockGraphs:
         self._pool = None  # one memory pool for all captures (they never replay at once)
         self.replays = 0  # how many calls ran from a graph (tests, metrics)
 
-    def usable(self, key: tuple, inputs: dict[str, torch.Tensor]) -> bool:
-        x = next(iter(inputs.values()))
-        return (x.is_cuda and not torch.cuda.is_current_stream_capturing()
-                and bucket(x.shape[0], self.buckets) is not None and key not in self._failed)
-
     def run(self, key: tuple, inputs: dict[str, torch.Tensor],
             fn: Callable[..., Outputs]) -> Outputs:
-        """fn(**inputs), from a graph when usable (same values), else called eagerly."""
-        if not self.usable(key, inputs):
-            return fn(**inputs)
-        b = next(iter(inputs.values())).shape[0]
+        """fn(**inputs), replayed from a graph where it can be (same values), else eagerly."""
+        x = next(iter(inputs.values()))
+        b = x.shape[0]
         n = bucket(b, self.buckets)
+        if (n is None or not x.is_cuda or key in self._failed
+                or torch.cuda.is_current_stream_capturing()):
+            return fn(**inputs)
         entry = self._graphs.get((key, n))
         if entry is None:
             try:
