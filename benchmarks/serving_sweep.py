@@ -241,7 +241,7 @@ def _server(target, name, spec, out, args, instance: int = 0) -> VllmServer:
         extra += ["--scheduler-cls", LEDGER_SCHEDULER_CLS]  # the budget's scheduler has one
     log = out / (f"{name}.log" if instance == 0 else f"{name}-{instance + 1}.log")
     return VllmServer(target, spec=spec, log_path=log, enforce_eager=args.eager,
-                      max_model_len=2048,  # VLLM_PLUGINS: + /dspark/status
+                      dtype=args.dtype, max_model_len=2048,  # VLLM_PLUGINS: + /dspark/status
                       env={"VLLM_PLUGINS": "dspark", **CONFIG_ENV.get(name, {})},
                       args=extra)
 
@@ -331,6 +331,9 @@ def main(argv=None):
     p.add_argument("--only", nargs="+", default=None, help="subset of configuration names")
     p.add_argument("--resume", action="store_true", help="keep configurations already in sweep.json")
     p.add_argument("--eager", action="store_true", help="--enforce-eager servers (faster start)")
+    p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
+                   help="every server's --dtype (float32, as every README table before "
+                        "2026-12-05 late; bfloat16 pays on CPUs with AMX)")
     p.add_argument("--instances", type=int, default=1,
                    help="measure each configuration on this many fresh server instances "
                         "(start order rotated); the report pairs them by instance")
