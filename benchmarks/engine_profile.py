@@ -67,7 +67,12 @@ def _time(cls, name: str, label: str) -> None:
 
 def _dump_timers(folder: Path) -> None:
     """In a spawned process: the totals so far, replaced atomically after each outermost
-    timed call (~50 us each, a few a step)."""
+    timed call (~50 us each, a few a step). Once the parent has removed the folder at its
+    exit, the engine's shutdown steps still come through here: nothing is read any more,
+    so nothing is written (writing raised in the worker, which vLLM logged as a fatal
+    engine error after every multiprocess profile)."""
+    if not folder.is_dir():
+        return
     path = folder / f"{os.getpid()}.json"
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(TIMERS))
