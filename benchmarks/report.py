@@ -181,8 +181,10 @@ def _git() -> str:
         return "unknown"
 
 
-def write_report(out: Path, results: dict, poisson: float | None = None) -> None:
-    """sweep.md and the plots; `poisson`: the open loop's arrival rate per unit of `conc`."""
+def write_report(out: Path, results: dict, poisson: float | None = None,
+                 dtype: str = "float32") -> None:
+    """sweep.md and the plots; `poisson`: the open loop's arrival rate per unit of `conc`;
+    `dtype`: the servers' --dtype, named in the header."""
     cpu = platform.processor() or platform.machine()
     try:
         cpu = next(x.split(":", 1)[1].strip() for x in Path("/proc/cpuinfo").read_text().splitlines()
@@ -190,7 +192,7 @@ def write_report(out: Path, results: dict, poisson: float | None = None) -> None
     except (OSError, StopIteration):
         pass
     lines = [f"# Serving sweep ({datetime.date.today()}, commit {_git()}, {cpu}, "
-             f"{len(__import__('os').sched_getaffinity(0))} cores)", "",
+             f"{len(__import__('os').sched_getaffinity(0))} cores, {dtype})", "",
              (f"Open loop: Poisson arrivals at {poisson:g} x conc requests per second."
               if poisson else "Closed loop: conc users, each sending its next request when "
               "the last one finishes."), "",

@@ -308,7 +308,7 @@ def run_sweep(args) -> dict:
         save()
     from benchmarks.report import write_report
 
-    write_report(out, results, args.poisson)
+    write_report(out, results, args.poisson, args.dtype)
     return results
 
 
