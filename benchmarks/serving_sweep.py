@@ -359,6 +359,12 @@ def main(argv=None):
     if args.poisson is not None and not args.poisson > 0:
         p.error(f"--poisson {args.poisson}: use a positive arrival rate (requests per second "
                 "per unit of concurrency), or leave it out for closed-loop clients")
+    saved = Path(args.out, "sweep.json")
+    if args.resume and saved.is_file():  # one dtype per sweep: a resume must not mix two
+        was = json.loads(saved.read_text())["args"].get("dtype", "float32")
+        if was != args.dtype:
+            p.error(f"--resume --dtype {args.dtype}: {saved} was measured with --dtype {was}; "
+                    f"resume with --dtype {was}, or measure {args.dtype} into a new --out")
     if args.drafter_b and not Path(args.drafter_b, "config.json").is_file():
         p.error(f"--drafter-b {args.drafter_b}: no drafter there (no config.json)")
     known = configs(args.drafter, args.mtp1, tuple(args.fixed), args.drafter_b)

@@ -259,6 +259,17 @@ def test_serving_sweep_quick(tmp_path):
     assert (tmp_path / "sweep" / "frontier.png").stat().st_size > 0
 
 
+def test_a_resumed_sweep_keeps_its_dtype(tmp_path, capsys):
+    """--resume into a sweep measured in float32 with --dtype bfloat16 is refused by name,
+    before any server starts (it would mix two dtypes in one report)."""
+    from benchmarks.serving_sweep import main
+
+    (tmp_path / "sweep.json").write_text(json.dumps({"args": {}, "results": {}}))  # pre-dtype
+    with pytest.raises(SystemExit):
+        main(["--resume", "--out", str(tmp_path), "--dtype", "bfloat16"])
+    assert "was measured with --dtype float32" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("argv, bad", [(["fixed", "--batch", "0"], "--batch 0: use 1 to 16"),
                                        (["fixed", "--k", "9"], "--k 9: use 1 to 7"),
                                        (["adaptive", "--k", "0"], "--k 0: use 1 to 7"),
