@@ -12,6 +12,7 @@ from pathlib import Path
 
 from .drafter.checkpoint import check_checkpoint
 from .drafter.config import DrafterConfigError, DSparkDrafterConfig
+from .gate import WARM_BURSTS
 
 SUPPORTED_VLLM = ((0, 32), (0, 33))  # [min, max) of (major, minor)
 SCHEDULER_CLS = "dspark_vllm.scheduler.DSparkScheduler"
@@ -26,6 +27,9 @@ DRIFT_ENV = "DSPARK_CONFIDENCE_DRIFT"  # "1": rescale confidences to the accepta
 PRICE_ENV = "DSPARK_STEP_PRICE"  # how Algorithm 1 prices a step (budget.step_prices)
 STEP_PRICES = {"hull": "the convex hull of the cheapest reachable step, the default",
                "envelope": "the cheapest reachable step alone"}
+WARM_ENV = "DSPARK_GATE_WARM_BURSTS"  # the draft gate's warm bursts per load (gate.WARM_BURSTS)
+WARM_CAPS = {str(WARM_BURSTS): f"up to {WARM_BURSTS} warm bursts per load until its verdict is "
+             "in, the default", "4": "up to 4, the cap until 2026-12-06"}
 GATE_VERDICTS = {"paired": "each exploration burst against the steps just before it, the default",
                  "arms": "each arm's running mean"}
 ACTIVE_ENV = "DSPARK_VLLM_ACTIVE"  # set once a dspark config is validated; inherited by
@@ -147,6 +151,7 @@ class DSparkServeConfig:
                 "vLLM's separate take_draft_token_ids RPC")
         _choice(GATE_ENV, "paired", GATE_VERDICTS)
         _choice(PRICE_ENV, "hull", STEP_PRICES)
+        _choice(WARM_ENV, str(WARM_BURSTS), WARM_CAPS)
         _switch(DRIFT_ENV, "0", "confidences rescaled per position to the acceptance served "
                 "(budget.ConfidenceDrift, experimental)", "the drafter's confidences as they "
                 "are, the default")

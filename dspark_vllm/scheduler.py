@@ -19,10 +19,10 @@ from collections import deque
 
 from .budget import (AcceptanceEstimator, ConfidenceDrift, SurvivalPool, admit_greedy,
                      admit_top, plan_from_mean, production_budget, survival)
-from .config import DRIFT_ENV, GATE_ENV, PRICE_ENV
+from .config import DRIFT_ENV, GATE_ENV, PRICE_ENV, WARM_ENV
 from .cost_model import DRAFT_PRIOR, CostModel, profile_key, profile_path
-from .gate import (EXPLORE_MARGIN, PROVE_MIN_BATCH, TIE_MARGIN, Explorer, PairedBursts,
-                   RealisedRates, bucket)
+from .gate import (EXPLORE_MARGIN, PROVE_MIN_BATCH, TIE_MARGIN, WARM_BURSTS, Explorer,
+                   PairedBursts, RealisedRates, bucket)
 from .ledger_scheduler import LedgerScheduler
 
 log = logging.getLogger("vllm.dspark.scheduler")
@@ -58,7 +58,8 @@ class DSparkScheduler(LedgerScheduler):
         self._pending: tuple[int, float, int] | None = None  # last step: tokens, s, slots
         self._pool = SurvivalPool(GATE_POOL)  # recent survivals of running requests
         self.rates = RealisedRates()  # measured tokens/s, drafted vs undrafted steps
-        self.explorer = Explorer()
+        self.explorer = Explorer(  # DSPARK_GATE_WARM_BURSTS: validated in config.py
+            warm_bursts=int(os.environ.get(WARM_ENV, WARM_BURSTS)))
         self.paired = PairedBursts()  # each burst vs the steps just before it
         # What the gate's measured verdict reads (validated in config.py): the arms, or
         # the paired bursts; the other is still kept and reported.
