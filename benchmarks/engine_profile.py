@@ -36,6 +36,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from dspark_vllm.hardware import DTYPES
+
 TIMERS: dict[str, list] = collections.defaultdict(lambda: [0.0, 0])
 SPAWNED_DIR_ENV = "DSPARK_PROFILE_DIR"  # where the processes vLLM spawns write their timers
 _dump_dir: Path | None = None  # set in a process vLLM spawned (engine core, worker)
@@ -122,9 +124,9 @@ def _install() -> None:
         _time(Qwen3DSparkForCausalLM, n, f"drafter.{n}")
 
 
-def in_process_llm(spec: dict | None, **kw):
+def in_process_llm(spec: dict | None, dtype: str = "float32", **kw):
     """One `vllm.LLM` on the bundled target, engine core and worker in this process (no RPC
-    between them), float32, eager. vLLM reads these variables when the engine starts."""
+    between them), in `dtype`, eager. vLLM reads these variables when the engine starts."""
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
     os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
@@ -132,12 +134,12 @@ def in_process_llm(spec: dict | None, **kw):
 
     from dspark_vllm.target import prepare_target
 
-    return LLM(model=str(prepare_target()), dtype="float32", max_model_len=1024, seed=0,
+    return LLM(model=str(prepare_target()), dtype=dtype, max_model_len=1024, seed=0,
                enforce_eager=True, speculative_config=spec, distributed_executor_backend="uni",
                **kw)
 
 
-def profiled_shapes() -> dict:
+def profiled_shapes(dtype: str = "float32") -> dict:
     """The load-aware budget's start-up cost profile (`patches/cost_profile.py`) taken afresh
     in this process on the bundled target and drafter: ms of a step by batch tokens (forward,
     drafter dummy pass, logits at every token), the fastest shape per size."""
@@ -147,7 +149,7 @@ def profiled_shapes() -> dict:
 
     spec = {"method": "dspark", "model": str(BUNDLED_DRAFTER), "num_speculative_tokens": 7,
             "enable_adaptive_verification": True}
-    llm = in_process_llm(spec, max_num_seqs=16, enable_prefix_caching=False)
+    llm = in_process_llm(spec, dtype, max_num_seqs=16, enable_prefix_caching=False)
     runner = llm.llm_engine.engine_core.engine_core.model_executor.driver_worker.worker.model_runner
     points, contended = profile(runner)
     return {"mode": "shapes", "contended": contended, "step_ms_by_tokens": {
@@ -164,6 +166,8 @@ def main(argv=None) -> None:
     p.add_argument("--max-tokens", type=int, default=96)
     p.add_argument("--offset", type=int, default=0,
                    help="first prompt of the 16 (0-7 GSM8K, 8-15 HumanEval)")
+    p.add_argument("--dtype", choices=[d for d in DTYPES if d != "auto"], default="float32",
+                   help="the target's and drafter's dtype (bfloat16 pays on CPUs with AMX)")
     args = p.parse_args(argv)
     if not 0 <= args.offset <= 15:
         p.error(f"--offset {args.offset}: use 0 to 15 (the prompt set holds 16)")
@@ -173,7 +177,7 @@ def main(argv=None) -> None:
     if args.repeats < 1:
         p.error(f"--repeats {args.repeats}: use 1 or more")
     if args.mode == "shapes":  # the profile's own repeats; --batch, --k, --repeats unused
-        print(json.dumps(profiled_shapes()), flush=True)
+        print(json.dumps(profiled_shapes(args.dtype)), flush=True)
         return
     sized = args.mode in ("fixed", "adaptive", "capped")  # the modes --k sizes
     if sized and not 1 <= args.k <= 7:
@@ -198,7 +202,7 @@ def main(argv=None) -> None:
                 [1, 1024, args.k if args.mode == "capped" else 0]]
         elif args.mode == "adaptive":
             spec["enable_adaptive_verification"] = True
-    llm = in_process_llm(spec, max_num_seqs=16, enable_prefix_caching=False)
+    llm = in_process_llm(spec, args.dtype, max_num_seqs=16, enable_prefix_caching=False)
     tok = llm.get_tokenizer()
     chats = [p["messages"] for p in gsm8k_heldout()[:8]] + [p["messages"] for p in humaneval()[:8]]
     prompts = [{"prompt_token_ids": encode_chat(tok, m)}
@@ -210,7 +214,7 @@ def main(argv=None) -> None:
         before = _spawned_timers()
         t0 = time.perf_counter()
         llm.generate(prompts, params, use_tqdm=False)
-        row = {"mode": args.mode, "repeat": rep, "wall_s": round(time.perf_counter() - t0, 3)}
+        row = {"mode": args.mode, "dtype": args.dtype, "repeat": rep, "wall_s": round(time.perf_counter() - t0, 3)}
         for k, (s, n) in _spawned_timers().items():  # the spawned processes' share of this pass
             b = before.get(k, (0.0, 0))
             TIMERS[k][0] += s - b[0]

@@ -41,8 +41,10 @@ async def _one(client, prompt: list[dict], max_tokens: int, temperature: float) 
 
 async def closed_loop(url: str, prompts: list[list[dict]], concurrency: int, num_requests: int,
                       max_tokens: int, temperature: float = 0.0, warmup: int = 0,
-                      max_seconds: float = 600) -> tuple[list[RequestResult], float]:
-    """`concurrency` users, each sending its next request when the last one finishes."""
+                      max_seconds: float = 600) -> tuple[list[RequestResult], float, float | None]:
+    """`concurrency` users, each sending its next request when the last one finishes.
+    -> (the measured requests, their window's seconds, tokens per second while every user
+    had a request in flight: full_concurrency_throughput)."""
     from openai import AsyncOpenAI
 
     client = AsyncOpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=600)
@@ -57,13 +59,43 @@ async def closed_loop(url: str, prompts: list[list[dict]], concurrency: int, num
                 return
             counter["next"] += 1
             r = await _one(client, prompts[i % len(prompts)], max_tokens, temperature)
+            every.append(r)
             if i >= warmup:
                 results.append(r)
 
+    every: list[RequestResult] = []  # the warm-up's too: they stream inside the window
     t0 = time.perf_counter()
     await asyncio.gather(*(user() for _ in range(concurrency)))
     await client.close()
-    return results, _window(results) or (time.perf_counter() - t0)
+    since = min((r.start for r in results), default=t0)
+    return (results, _window(results) or (time.perf_counter() - t0),
+            full_concurrency_throughput(every, since))
+
+
+def full_concurrency_throughput(every: list[RequestResult], since: float) -> float | None:
+    """Tokens per second streamed from `since` (the first measured request's start) until
+    the closed loop's users began to run out of requests: the first end after the last
+    request started. From then on fewer requests are in flight each time one ends, and a
+    server whose requests end out of step (speculative decoding: each request's accepted
+    drafts vary) drains longer than one whose requests end together (plain decoding, equal
+    lengths), so the whole window's throughput reads it lower at a load it was not under.
+    Each request's tokens after its first are counted as streamed evenly up to its end.
+    None when no whole step of full load is in the window."""
+    if not every:
+        return None
+    last_start = max(r.start for r in every)
+    until = min((r.end for r in every if r.end > last_start), default=None)
+    if until is None or until <= since:
+        return None
+    tokens = 0.0
+    for r in every:
+        first = r.start + r.ttft
+        if since <= first <= until:
+            tokens += 1
+        if r.tokens > 1 and r.end > first:
+            overlap = min(r.end, until) - max(first, since)
+            tokens += (r.tokens - 1) * max(overlap, 0.0) / (r.end - first)
+    return tokens / (until - since)
 
 
 async def open_loop(url: str, prompts: list[list[dict]], rate: float, num_requests: int,

@@ -117,8 +117,8 @@ def speed_table(results: dict, baseline: str = BASELINE) -> list[str]:
                     "throughput is a lower bound. -: it never served users that fast."]
 
 
-def paired_ratios(results: dict, base: str = "no-spec") -> dict:
-    """{config: {concurrency: [throughput / base's, one per server instance]}}. Instance i
+def paired_ratios(results: dict, base: str = "no-spec", key: str = "throughput_tok_s") -> dict:
+    """{config: {concurrency: [`key` / base's, one per server instance]}}. Instance i
     of every configuration is paired with the base's instance i: the servers that were up
     together when interleaved. The spread of these ratios for a second copy of the base
     (the A/A control) is what an A/B ratio has to clear."""
@@ -130,8 +130,8 @@ def paired_ratios(results: dict, base: str = "no-spec") -> dict:
             continue
         rows = {}
         for c, p in r["points"].items():
-            b = results[base]["points"].get(c, {}).get("instance_throughput_tok_s")
-            mine = p.get("instance_throughput_tok_s")
+            b = results[base]["points"].get(c, {}).get(f"instance_{key}")
+            mine = p.get(f"instance_{key}")
             if b and mine:
                 rows[c] = [x / y for x, y in zip(mine, b) if y > 0]
         if rows:
@@ -241,17 +241,24 @@ def write_report(out: Path, results: dict, poisson: float | None = None,
                          f"{opt(m, 'ledger_full_load_tok_s', '.1f')}, "
                          f"{opt(m, 'ledger_full_load_time_share', '.0f', 100)}% | "
                          f"{opt(m, 'ledger_part_load_tok_s', '.1f')} |")
-    pr = paired_ratios(results)
+    pr, full = paired_ratios(results), paired_ratios(results, key="full_concurrency_throughput_tok_s")
     if pr:
         lines += ["", "## Throughput vs no-spec, paired by server instance", "",
-                  "| config | conc | per instance | median |", "|---|---|---|---|"]
+                  "| config | conc | per instance | median | while every user had a request "
+                  "in flight: per instance | median |", "|---|---|---|---|---|---|"]
         for name, rows in pr.items():
             for c, ratios in rows.items():
+                f = full.get(name, {}).get(c)
                 lines.append(f"| {name} | {c} | " + " / ".join(f"{x:.2f}" for x in ratios) +
-                             f" | {float(np.median(ratios)):.2f}x |")
+                             f" | {float(np.median(ratios)):.2f}x | " +
+                             (" / ".join(f"{x:.2f}" for x in f) + f" | {float(np.median(f)):.2f}x |"
+                              if f else "- | - |"))
         lines += ["", "Each ratio: median throughput over the instance's repeats, against the "
                   "no-spec server up at the same time (interleaved) or run in the same place "
-                  "of the order (sequential)."]
+                  "of the order (sequential). The first over each measured window (from the "
+                  "first measured request's start to the last one's end, the drain included); "
+                  "the second until the closed loop's users began to run out of requests "
+                  "(load.full_concurrency_throughput)."]
     gr = gate_rows(results)
     if gr:
         f = lambda x, fmt: "-" if x is None else format(x, fmt)  # noqa: E731

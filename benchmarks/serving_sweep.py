@@ -24,6 +24,7 @@ from benchmarks.load import closed_loop, open_loop, summarize
 from benchmarks.report import PHASES
 from dspark_vllm.config import LEDGER_SCHEDULER_CLS
 from dspark_vllm.gate import bucket
+from dspark_vllm.hardware import DTYPES
 from dspark_vllm.serving import (BUNDLED_DRAFTER, VllmServer, acceptance_length, metric_sum,
                                  metrics_delta, serving)
 
@@ -121,12 +122,15 @@ def measure_once(server, prompts, conc, reqs, warmup, rep, open_rate=None) -> di
     if open_rate:
         res, window = asyncio.run(open_loop(url, prompts[rep:] + prompts[:rep], open_rate * conc,
                                             reqs, MAX_TOKENS, seed=rep, warmup=warmup))
+        full = None
     else:
-        res, window = asyncio.run(closed_loop(url, prompts[rep:] + prompts[:rep], conc, reqs,
-                                              MAX_TOKENS, warmup=warmup))
+        res, window, full = asyncio.run(closed_loop(url, prompts[rep:] + prompts[:rep], conc,
+                                                    reqs, MAX_TOKENS, warmup=warmup))
     wall = time.perf_counter() - t0
     after, (kinds1, loads1) = server.metrics(), _ledger(server)
     s = summarize(res, window)
+    if full is not None:
+        s["full_concurrency_throughput_tok_s"] = full
     s.update(ledger_summary(kinds0, kinds1, wall))
     s.update(load_split(loads0, loads1, conc))
     d = metrics_delta(before, after)
@@ -218,11 +222,14 @@ def aggregate(runs: list[dict], status: dict | None) -> dict:
     med = {k: statistics.median(r[k] for r in runs if r.get(k) is not None) for k in keys}
     spread = {k: (min(r[k] for r in runs), max(r[k] for r in runs)) for k in
               ("per_user_tok_s", "throughput_tok_s") if all(r.get(k) for r in runs)}
-    by_instance = {}
-    for r in runs:
-        by_instance.setdefault(r.get("instance", 0), []).append(r["throughput_tok_s"])
-    out = {"median": med, "spread": spread, "runs": runs,
-           "instance_throughput_tok_s": [statistics.median(v) for _, v in sorted(by_instance.items())]}
+    out = {"median": med, "spread": spread, "runs": runs}
+    for key in ("throughput_tok_s", "full_concurrency_throughput_tok_s"):
+        by_instance = {}
+        for r in runs:
+            if r.get(key) is not None:
+                by_instance.setdefault(r.get("instance", 0), []).append(r[key])
+        if by_instance:
+            out[f"instance_{key}"] = [statistics.median(v) for _, v in sorted(by_instance.items())]
     if status and status.get("status"):  # the budget's cost lines and gate arms, as left
         out["scheduler_status"] = status["status"]
     return out
@@ -333,9 +340,9 @@ def main(argv=None):
     p.add_argument("--only", nargs="+", default=None, help="subset of configuration names")
     p.add_argument("--resume", action="store_true", help="keep configurations already in sweep.json")
     p.add_argument("--eager", action="store_true", help="--enforce-eager servers (faster start)")
-    p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
-                   help="every server's --dtype (float32, as every README table before "
-                        "2026-12-05 late; bfloat16 pays on CPUs with AMX)")
+    p.add_argument("--dtype", choices=[d for d in DTYPES if d != "auto"], default="float32",
+                   help="every server's --dtype, named (a sweep's report names its dtype); "
+                        "bfloat16 pays on CPUs with AMX")
     p.add_argument("--instances", type=int, default=1,
                    help="measure each configuration on this many fresh server instances "
                         "(start order rotated); the report pairs them by instance")

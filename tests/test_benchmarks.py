@@ -189,6 +189,12 @@ def test_paired_ratios_pair_each_instance_with_the_base_server_up_beside_it():
     assert r["dspark"]["16"] == pytest.approx([1.10, 0.95])
     assert r["no-spec-aa"]["16"] == pytest.approx([1.05, 1.0])
     assert paired_ratios({"dspark": res(1.0)}) == {}  # no base, no pairs
+    # Any per-instance reading pairs the same way (the full-concurrency throughput).
+    full = {n: {"points": {"16": {"instance_full_concurrency_throughput_tok_s": [x]}}}
+            for n, x in (("no-spec", 200.0), ("dspark", 210.0))}
+    assert paired_ratios(full, key="full_concurrency_throughput_tok_s")["dspark"]["16"] == \
+        pytest.approx([1.05])
+    assert paired_ratios(full) == {}  # the whole window's throughput was not measured
 
 
 def test_gate_rows_put_the_gates_readings_beside_the_ledger(tmp_path):
@@ -276,7 +282,8 @@ def test_a_resumed_sweep_keeps_its_dtype(tmp_path, capsys):
                                        (["capped", "--k", "8"], "--k 8: use 1 to 7"),
                                        (["plain", "--offset", "16"], "--offset 16: use 0 to 15"),
                                        (["plain", "--offset", "12", "--batch", "8"],
-                                        "--batch 8: use 1 to 4")])
+                                        "--batch 8: use 1 to 4"),
+                                       (["plain", "--dtype", "auto"], "invalid choice: 'auto'")])
 def test_engine_profile_refuses_a_bad_size_by_name(argv, bad, capsys):
     from benchmarks.engine_profile import main
 

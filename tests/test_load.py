@@ -15,7 +15,7 @@ import pytest
 from fastapi import FastAPI, Request  # module level: FastAPI resolves the handler's annotation here
 from fastapi.responses import StreamingResponse
 
-from benchmarks.load import closed_loop, open_loop
+from benchmarks.load import RequestResult, closed_loop, full_concurrency_throughput, open_loop
 
 TOKEN_SECONDS = 0.002
 
@@ -110,8 +110,9 @@ def test_a_rate_that_is_not_positive_is_refused_by_name(capsys, tmp_path):
 def test_closed_loop_keeps_its_users_busy_and_drops_the_warmup(fake_server):
     url, seen = fake_server
     seen.clear()
-    results, _ = asyncio.run(closed_loop(url, PROMPTS, concurrency=2, num_requests=4,
-                                         max_tokens=3, warmup=2))
+    results, _, full = asyncio.run(closed_loop(url, PROMPTS, concurrency=2, num_requests=4,
+                                               max_tokens=3, warmup=2))
+    assert full is not None and full > 0
     assert sorted(p for _, p in seen) == [f"p{i}" for i in range(6)]  # two users race
     assert sorted(r.tokens for r in results) == [3, 4, 5, 6]  # p2..p5: the warm-up is p0, p1
     assert all(r.tpot is not None for r in results)
@@ -119,3 +120,20 @@ def test_closed_loop_keeps_its_users_busy_and_drops_the_warmup(fake_server):
     spans = sorted((r.start, r.end) for r in results)
     for t, _ in spans:
         assert sum(s <= t < e for s, e in spans) <= 2
+
+
+def test_full_concurrency_throughput_stops_where_the_users_run_out_of_requests():
+    # Two users. A streams 11 tokens (first at 1 s, then one a second to 11 s); B 6 (to
+    # 6 s); C, B's successor and the last request sent, starts at 6 s, first token at 7 s,
+    # then 5 more evenly to 12 s. Load is full until A ends at 11 s, the first end after
+    # the last start: A's 11 + B's 6 + C's 1 + 5 x 4/5 = 22 tokens in 11 s.
+    a, b, c = RequestResult(0, 1, 11, 11), RequestResult(0, 1, 6, 6), RequestResult(6, 1, 12, 6)
+    assert full_concurrency_throughput([a, b, c], since=0.0) == pytest.approx(22 / 11)
+    # Measured from B's successor on (the first measured request): 6..11 s.
+    assert full_concurrency_throughput([a, b, c], since=6.0) == pytest.approx((5 + 1 + 4) / 5)
+    # The drain does not count: C ending later (a straggler) leaves the reading as it was.
+    late = RequestResult(6, 1, 22, 6)
+    assert full_concurrency_throughput([a, b, late], since=0.0) == pytest.approx(
+        (11 + 6 + 1 + 5 * 4 / 15) / 11)
+    assert full_concurrency_throughput([], since=0.0) is None
+    assert full_concurrency_throughput([RequestResult(0, 1, 5, 5)], since=5.0) is None
