@@ -36,7 +36,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from dspark_vllm.hardware import DTYPES
+from dspark_vllm.hardware import NAMED_DTYPES
 
 TIMERS: dict[str, list] = collections.defaultdict(lambda: [0.0, 0])
 SPAWNED_DIR_ENV = "DSPARK_PROFILE_DIR"  # where the processes vLLM spawns write their timers
@@ -166,7 +166,7 @@ def main(argv=None) -> None:
     p.add_argument("--max-tokens", type=int, default=96)
     p.add_argument("--offset", type=int, default=0,
                    help="first prompt of the 16 (0-7 GSM8K, 8-15 HumanEval)")
-    p.add_argument("--dtype", choices=[d for d in DTYPES if d != "auto"], default="float32",
+    p.add_argument("--dtype", choices=NAMED_DTYPES, default="float32",
                    help="the target's and drafter's dtype (bfloat16 pays on CPUs with AMX)")
     args = p.parse_args(argv)
     if not 0 <= args.offset <= 15:
@@ -214,7 +214,8 @@ def main(argv=None) -> None:
         before = _spawned_timers()
         t0 = time.perf_counter()
         llm.generate(prompts, params, use_tqdm=False)
-        row = {"mode": args.mode, "dtype": args.dtype, "repeat": rep, "wall_s": round(time.perf_counter() - t0, 3)}
+        row = {"mode": args.mode, "dtype": args.dtype, "repeat": rep,
+               "wall_s": round(time.perf_counter() - t0, 3)}
         for k, (s, n) in _spawned_timers().items():  # the spawned processes' share of this pass
             b = before.get(k, (0.0, 0))
             TIMERS[k][0] += s - b[0]

@@ -80,7 +80,7 @@ def full_concurrency_throughput(every: list[RequestResult], since: float) -> flo
     drafts vary) drains longer than one whose requests end together (plain decoding, equal
     lengths), so the whole window's throughput reads it lower at a load it was not under.
     Each request's tokens after its first are counted as streamed evenly up to its end.
-    None when no whole step of full load is in the window."""
+    None when the window holds no time at full concurrency."""
     if not every:
         return None
     last_start = max(r.start for r in every)

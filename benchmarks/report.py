@@ -241,7 +241,8 @@ def write_report(out: Path, results: dict, poisson: float | None = None,
                          f"{opt(m, 'ledger_full_load_tok_s', '.1f')}, "
                          f"{opt(m, 'ledger_full_load_time_share', '.0f', 100)}% | "
                          f"{opt(m, 'ledger_part_load_tok_s', '.1f')} |")
-    pr, full = paired_ratios(results), paired_ratios(results, key="full_concurrency_throughput_tok_s")
+    pr = paired_ratios(results)
+    full = paired_ratios(results, key="full_concurrency_throughput_tok_s")
     if pr:
         lines += ["", "## Throughput vs no-spec, paired by server instance", "",
                   "| config | conc | per instance | median | while every user had a request "

@@ -24,7 +24,7 @@ from benchmarks.load import closed_loop, open_loop, summarize
 from benchmarks.report import PHASES
 from dspark_vllm.config import LEDGER_SCHEDULER_CLS
 from dspark_vllm.gate import bucket
-from dspark_vllm.hardware import DTYPES
+from dspark_vllm.hardware import NAMED_DTYPES
 from dspark_vllm.serving import (BUNDLED_DRAFTER, VllmServer, acceptance_length, metric_sum,
                                  metrics_delta, serving)
 
@@ -340,7 +340,7 @@ def main(argv=None):
     p.add_argument("--only", nargs="+", default=None, help="subset of configuration names")
     p.add_argument("--resume", action="store_true", help="keep configurations already in sweep.json")
     p.add_argument("--eager", action="store_true", help="--enforce-eager servers (faster start)")
-    p.add_argument("--dtype", choices=[d for d in DTYPES if d != "auto"], default="float32",
+    p.add_argument("--dtype", choices=NAMED_DTYPES, default="float32",
                    help="every server's --dtype, named (a sweep's report names its dtype); "
                         "bfloat16 pays on CPUs with AMX")
     p.add_argument("--instances", type=int, default=1,

@@ -7,7 +7,7 @@ import json
 import logging
 import sys
 
-from .hardware import DTYPES, FEAT_DTYPES
+from .hardware import DTYPES, FEAT_DTYPES, NAMED_DTYPES
 
 
 def _prepare_target(a: argparse.Namespace) -> None:
@@ -203,7 +203,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--per-category", type=int, default=None, help="N prompts per category")
     s.add_argument("--block-size", type=int, default=None, help="drafts per round (<= block)")
     s.add_argument("--seed", type=int, default=0)
-    s.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    s.add_argument("--dtype", default="float32", choices=NAMED_DTYPES)
     s.add_argument("--json", default=None, help="write the report here")
     s.set_defaults(fn=_eval_acceptance)
     s = sub.add_parser("demo", help="serve the bundled target + drafter, chat with it")

@@ -5,7 +5,8 @@ from __future__ import annotations
 import functools
 from pathlib import Path
 
-DTYPES = ("auto", "float32", "bfloat16")  # what preferred_dtype accepts
+NAMED_DTYPES = ("float32", "bfloat16")  # a dtype named outright (a benchmark names its own)
+DTYPES = ("auto", *NAMED_DTYPES)  # what preferred_dtype accepts
 FEAT_DTYPES = ("float16", "float8")  # how build-cache may store the drafter's input features
 
 
