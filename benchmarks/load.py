@@ -50,6 +50,7 @@ async def closed_loop(url: str, prompts: list[list[dict]], concurrency: int, num
     client = AsyncOpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=600)
     counter = {"next": 0}
     results: list[RequestResult] = []
+    every: list[RequestResult] = []  # the warm-up's too: they stream inside the window
     deadline = time.perf_counter() + max_seconds
 
     async def user():
@@ -63,7 +64,6 @@ async def closed_loop(url: str, prompts: list[list[dict]], concurrency: int, num
             if i >= warmup:
                 results.append(r)
 
-    every: list[RequestResult] = []  # the warm-up's too: they stream inside the window
     t0 = time.perf_counter()
     await asyncio.gather(*(user() for _ in range(concurrency)))
     await client.close()
@@ -77,8 +77,8 @@ def full_concurrency_throughput(every: list[RequestResult], since: float) -> flo
     the closed loop's users began to run out of requests: the first end after the last
     request started. From then on fewer requests are in flight each time one ends, and a
     server whose requests end out of step (speculative decoding: each request's accepted
-    drafts vary) drains longer than one whose requests end together (plain decoding, equal
-    lengths), so the whole window's throughput reads it lower at a load it was not under.
+    drafts vary) drains longer than one whose requests end together (plain decoding, a
+    wave's requests that run to the token limit), so the whole window's throughput reads it lower at a load it was not under.
     Each request's tokens after its first are counted as streamed evenly up to its end.
     None when the window holds no time at full concurrency."""
     if not every:
