@@ -57,7 +57,12 @@ AA_CONTROL = "no-spec-aa"
 # Drafter A/B, only with --drafter-b: the load-aware budget served on a second drafter (a
 # retrained or continued one, say), so both drafters meet the same machine drift.
 DRAFTER_B = "dspark-adaptive-b"
-NAMED_ONLY = (*CONFIG_ENV, AA_CONTROL)
+# Eager controls, run only when named: plain decoding and the budget served with
+# --enforce-eager beside the compiled servers (vLLM's default, and what `vllm serve` users
+# get), as every table before 2026-12-06 was measured (`--eager` serves every server so).
+EAGER = "-eager"
+EAGER_CONTROLS = ("no-spec" + EAGER, "dspark-adaptive" + EAGER)
+NAMED_ONLY = (*CONFIG_ENV, AA_CONTROL, *EAGER_CONTROLS)
 
 
 def configs(dspark: str, mtp1: str, fixed: tuple[int, ...],
@@ -74,6 +79,9 @@ def configs(dspark: str, mtp1: str, fixed: tuple[int, ...],
     c["vllm-batch-schedule"] = {"method": "dspark", "model": dspark, "num_speculative_tokens": 7,
                                 "num_speculative_tokens_per_batch_size": BATCH_SCHEDULE}
     c[AA_CONTROL] = None
+    for name in EAGER_CONTROLS:
+        base = c[name.removesuffix(EAGER)]
+        c[name] = None if base is None else dict(base)
     if drafter_b:  # a drafter A/B: the budget on a second drafter, beside the first
         c[DRAFTER_B] = {**c["dspark-adaptive"], "model": drafter_b}
     return c
@@ -249,7 +257,8 @@ def _server(target, name, spec, out, args, instance: int = 0) -> VllmServer:
     if args.ledger and not (spec or {}).get("enable_adaptive_verification"):
         extra += ["--scheduler-cls", LEDGER_SCHEDULER_CLS]  # the budget's scheduler has one
     log = out / (f"{name}.log" if instance == 0 else f"{name}-{instance + 1}.log")
-    return VllmServer(target, spec=spec, log_path=log, enforce_eager=args.eager,
+    return VllmServer(target, spec=spec, log_path=log,
+                      enforce_eager=args.eager or name.endswith(EAGER),
                       dtype=args.dtype, max_model_len=2048,  # VLLM_PLUGINS: + /dspark/status
                       env={"VLLM_PLUGINS": "dspark", **CONFIG_ENV.get(name, {})},
                       args=extra)
@@ -339,7 +348,9 @@ def main(argv=None):
                    help="open loop: Poisson arrivals at this rate per unit of concurrency (req/s)")
     p.add_argument("--only", nargs="+", default=None, help="subset of configuration names")
     p.add_argument("--resume", action="store_true", help="keep configurations already in sweep.json")
-    p.add_argument("--eager", action="store_true", help="--enforce-eager servers (faster start)")
+    p.add_argument("--eager", action="store_true",
+                   help="--enforce-eager servers: start in seconds, but decode plainly ~10%% "
+                        "slower on a CPU than compiled ones (vLLM's default, which users serve)")
     p.add_argument("--dtype", choices=NAMED_DTYPES, default="float32",
                    help="every server's --dtype, named (a sweep's report names its dtype); "
                         "bfloat16 pays on CPUs with AMX")

@@ -116,6 +116,26 @@ def test_a_second_drafter_is_served_as_its_own_configuration(capsys, tmp_path):
     assert not (tmp_path / "never-written").exists()
 
 
+def test_eager_controls_serve_their_base_configuration_with_enforce_eager(tmp_path):
+    """Servers are compiled (vLLM's default) unless --eager; the -eager controls, named only,
+    serve the same configuration eagerly beside them."""
+    import argparse
+
+    from benchmarks.serving_sweep import EAGER_CONTROLS, NAMED_ONLY, _server, configs
+
+    cfgs = configs("A", "no-head-here", (3,))
+    args = argparse.Namespace(eager=False, prefix_caching=False, executor=None, ledger=False,
+                              dtype="float32", concurrency=[1, 4])
+
+    def eager(name, **kw):
+        return "--enforce-eager" in _server("T", name, cfgs[name], tmp_path,
+                                            argparse.Namespace(**{**vars(args), **kw})).cmd
+
+    for name in EAGER_CONTROLS:
+        base = name.removesuffix("-eager")
+        assert name in NAMED_ONLY and cfgs[name] == cfgs[base]
+        assert eager(name) and not eager(base) and eager(base, eager=True)
+
 def test_ledger_summary_prices_one_window():
     from benchmarks.serving_sweep import ledger_summary
 
