@@ -109,7 +109,8 @@ def _audit(a: argparse.Namespace) -> None:
 def _demo(a: argparse.Namespace) -> None:
     from .demo import run_demo
 
-    run_demo(a.drafter, a.num_speculative_tokens, not a.fixed, a.max_tokens, a.log)
+    run_demo(a.drafter, a.num_speculative_tokens, not a.fixed, a.max_tokens, a.log, a.dtype,
+             a.eager)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -212,6 +213,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--fixed", action="store_true", help="fixed draft length, no load-aware budget")
     s.add_argument("--max-tokens", type=int, default=160)
     s.add_argument("--log", default="dspark-demo-server.log", help="server log file")
+    s.add_argument("--dtype", default="auto", choices=DTYPES,
+                   help="auto: bfloat16 where the CPU has AMX or AVX512-BF16, else float32")
+    s.add_argument("--eager", action="store_true",
+                   help="--enforce-eager: starts in seconds; plain decoding ~10%% slower on a CPU")
     s.set_defaults(fn=_demo)
 
     s = sub.add_parser("audit-causality", help="Appendix A: shipped vs peeking budget policy")
