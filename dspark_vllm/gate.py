@@ -76,6 +76,13 @@ WARM_MIN_BATCH = 4  # no warm bursts below this load: at one request a pair read
     # undrafted burst steps against 16), and four gave one instance a false "do not draft"
     # for 431 steps (0.78x K = 3; README, 2026-12-04). There drafting pays ~1.5x and the
     # prediction is what should decide
+LOSS_MIN_BATCH = WARM_MIN_BATCH  # below this load a measured loss does not switch drafting
+    # off; the prediction decides (a measured win still counts). Served compiled (2026-12-06),
+    # three pairs that happened to agree gave sure losses at one request (0.96x +- 13%) and at
+    # two (1.03x +- 8%) while the same servers' arms read drafted steps at 1.5-2.6x undrafted
+    # ones there; each left 40% of those steps undrafted (0.93x K = 3 at one request). A
+    # false "do not draft" at low load costs a third of a user's speed; a false "draft" is
+    # bounded by the prediction, which already reads the drafter's confidences
 PROVE_MIN_BATCH = 9  # from this load up, drafting the prediction is unsure of (gain under
     # EXPLORE_MARGIN) waits for a measured win: unmeasured, the tie goes to the cheaper path.
     # Served at 9-14 requests (16-request windows draining, 2026-12-05) drafted steps made

@@ -21,8 +21,8 @@ from .budget import (AcceptanceEstimator, ConfidenceDrift, SurvivalPool, admit_g
                      admit_top, plan_from_mean, production_budget, survival)
 from .config import DRIFT_ENV, GATE_ENV, PRICE_ENV, WARM_ENV
 from .cost_model import DRAFT_PRIOR, CostModel, profile_key, profile_path
-from .gate import (EXPLORE_MARGIN, PROVE_MIN_BATCH, TIE_MARGIN, WARM_BURSTS, Explorer,
-                   PairedBursts, RealisedRates, bucket)
+from .gate import (EXPLORE_MARGIN, LOSS_MIN_BATCH, PROVE_MIN_BATCH, TIE_MARGIN, WARM_BURSTS,
+                   Explorer, PairedBursts, RealisedRates, bucket)
 from .ledger_scheduler import LedgerScheduler
 
 log = logging.getLogger("vllm.dspark.scheduler")
@@ -142,11 +142,14 @@ class DSparkScheduler(LedgerScheduler):
         drafting off for a quiet engine where it clearly pays. Where the measurement is
         unsure too (verdict None): from PROVE_MIN_BATCH requests up, do not draft until a
         measured win (exploration bursts measure it); below, the prediction must clear the
-        tie margin: a drafting run pays transitions neither cost line sees."""
+        tie margin: a drafting run pays transitions neither cost line sees. Under
+        LOSS_MIN_BATCH requests a measured loss counts as unsure: only a win is taken."""
         length, gain = plan_from_mean(self._pool.mean(), counts, num_running,
                                       self.cost_model.cost, self.draft_cost.cost, token_budget,
                                       self.max_drafts, DRAFT_HEADROOM, self.hull)
         verdict = self.measure.verdict(num_running)
+        if verdict is False and bucket(num_running) < LOSS_MIN_BATCH:
+            verdict = None  # a quiet engine: only the prediction turns drafting off (gate.py)
         busy = bucket(num_running) >= PROVE_MIN_BATCH
         # No curve for any running request (gain inf: no evidence, draft to learn) says
         # nothing of a busy load the measurement has judged: at 16 requests, once drafting

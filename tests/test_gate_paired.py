@@ -177,6 +177,36 @@ def test_the_paired_verdict_can_drive_the_gate():
     assert fake.draft_len == 0 and fake.decided_by["verdict"] == [1, 1]
 
 
+def test_a_measured_loss_does_not_switch_a_quiet_engine_off():
+    """Under gate.LOSS_MIN_BATCH requests the prediction decides whether drafting stops: three
+    agreeing pairs that read a loss there (served compiled: 0.96x +- 13% at one request while
+    the arms read 1.5x) leave an unsure-but-positive prediction drafting; a measured win
+    still counts, and from LOSS_MIN_BATCH up the same loss switches drafting off."""
+    from dspark_vllm.gate import LOSS_MIN_BATCH
+    from dspark_vllm.scheduler import DSparkScheduler
+
+    plan = DSparkScheduler._plan_next_draft
+
+    def drafts(batch: int, pair_gain: float) -> int:
+        p = next(p / 100 for p in range(30, 100)
+                 if 1.05 < plan_draft([survival([p / 100] * 7)] * batch, [], batch, COST, DRAFT,
+                                      10_000, 7)[1] < 1.3)
+        fake = _fake_scheduler([survival([p] * 7)] * batch)
+        fake.measure = fake.paired
+        for _ in range(3):
+            _run(fake.paired, [(False, batch, False, 100.0)] * 3
+                 + _burst(batch, True, [100.0 * pair_gain] * 3))
+        assert fake.paired.verdict(batch) is (pair_gain > 1.1)  # sure either way
+        plan(fake, [], [], batch, 10_000)
+        return fake.draft_len
+
+    assert LOSS_MIN_BATCH > 1
+    for batch in range(1, LOSS_MIN_BATCH):
+        assert drafts(batch, 0.96) > 0  # the prediction's (unsure) gain keeps drafting
+        assert drafts(batch, 1.3) > 0
+    assert drafts(LOSS_MIN_BATCH, 0.96) == 0 and drafts(LOSS_MIN_BATCH, 1.3) > 0
+
+
 def test_pairs_read_one_requests_throughput_not_a_geometric_mean():
     """One request, a true 1.33x win: a drafted step makes 1, 2, 3 or 5 tokens (the request's
     acceptance) in 1.35x an undrafted step's time, so drafting makes 1.8 / 1.35 = 1.33x the
