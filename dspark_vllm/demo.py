@@ -25,8 +25,8 @@ def run_demo(drafter: str | None = None, num_speculative_tokens: int = 5,
     """Served as `vllm serve` serves by default: compiled (torch.compile; on a 2-core CPU the
     first start compiles for a few minutes, later starts reuse vLLM's cache), in bfloat16
     where the CPU computes it natively. `eager` (--enforce-eager) starts in seconds; served
-    eagerly, plain decoding ran ~10% slower and DSpark 0-4% (README, "Compiled, as vLLM
-    serves by default")."""
+    eagerly, plain decoding ran ~10% slower and DSpark 0-4% (README, "Compiled, as `vllm
+    serve` runs by default")."""
     from openai import OpenAI
 
     target = prepare_target()
