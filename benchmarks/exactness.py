@@ -21,18 +21,15 @@ import sys
 import time
 from pathlib import Path
 
-RAMP = ((1, 0, 6), (4, 6, 22), (8, 22, None))  # (concurrency, first prompt, end)
-
-
 def run(out: Path, eager: bool) -> dict:
     from dspark_vllm.serving import BUNDLED_DRAFTER, VllmServer, serving
     from dspark_vllm.target import prepare_target
-    from tests.engine_utils import chat_all, prompt_mix
+    from tests.engine_utils import chat_all, output_lengths, prompt_mix, ramp
 
     t0 = time.time()
     target = str(prepare_target())
     prompts = prompt_mix()
-    lengths = [8 + (7 * i) % 56 for i in range(len(prompts))]
+    lengths = output_lengths(len(prompts))
     d = str(BUNDLED_DRAFTER)
     cfgs = {"plain": None,
             "dspark-k5": {"method": "dspark", "model": d, "num_speculative_tokens": 5},
@@ -49,8 +46,7 @@ def run(out: Path, eager: bool) -> dict:
         want = chat_all(servers["plain"].url, prompts, lengths, concurrency=1)
         for name in ("dspark-k5", "dspark-adaptive"):
             bad = []
-            for conc, lo, hi in RAMP:
-                idx = range(lo, hi or len(prompts))
+            for conc, idx in ramp(len(prompts)):
                 got = chat_all(servers[name].url, [prompts[i] for i in idx],
                                [lengths[i] for i in idx], concurrency=conc)
                 bad += [i for i, g in zip(idx, got) if g != want[i]]
@@ -68,7 +64,8 @@ def main(argv=None) -> int:
     p.add_argument("--out", default="benchmarks/results/exactness")
     args = p.parse_args(argv)
     report = run(Path(args.out), args.eager)
-    return 1 if any(report[n]["mismatched_prompts"] for n in ("dspark-k5", "dspark-adaptive")) else 0
+    checked = ("dspark-k5", "dspark-adaptive")
+    return 1 if any(report[n]["mismatched_prompts"] for n in checked) else 0
 
 
 if __name__ == "__main__":

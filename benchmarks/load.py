@@ -78,7 +78,8 @@ def full_concurrency_throughput(every: list[RequestResult], since: float) -> flo
     request started. From then on fewer requests are in flight each time one ends, and a
     server whose requests end out of step (speculative decoding: each request's accepted
     drafts vary) drains longer than one whose requests end together (plain decoding, a
-    wave's requests that run to the token limit), so the whole window's throughput reads it lower at a load it was not under.
+    wave's requests that run to the token limit), so the whole window's throughput reads it
+    lower at a load it was not under.
     Each request's tokens after its first are counted as streamed evenly up to its end.
     None when the window holds no time at full concurrency."""
     if not every:

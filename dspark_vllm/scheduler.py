@@ -148,9 +148,10 @@ class DSparkScheduler(LedgerScheduler):
                                       self.cost_model.cost, self.draft_cost.cost, token_budget,
                                       self.max_drafts, DRAFT_HEADROOM, self.hull)
         verdict = self.measure.verdict(num_running)
-        if verdict is False and bucket(num_running) < LOSS_MIN_BATCH:
+        load = bucket(num_running)
+        if verdict is False and load < LOSS_MIN_BATCH:
             verdict = None  # a quiet engine: only the prediction turns drafting off (gate.py)
-        busy = bucket(num_running) >= PROVE_MIN_BATCH
+        busy = load >= PROVE_MIN_BATCH
         # No curve for any running request (gain inf: no evidence, draft to learn) says
         # nothing of a busy load the measurement has judged: at 16 requests, once drafting
         # is off the pool empties as its requests finish, and each time it did, the gate

@@ -36,6 +36,16 @@ def prompt_mix(n_spec: int = 40, n_code: int = 12) -> list[list[dict]]:
     return [p["messages"] for p in spec] + [p["messages"] for p in humaneval()[:n_code]]
 
 
+def output_lengths(n: int) -> list[int]:
+    """Greedy max_tokens of n prompts: 8 to 63, different from prompt to prompt."""
+    return [8 + (7 * i) % 56 for i in range(n)]
+
+
+def ramp(n: int) -> list[tuple[int, range]]:
+    """A concurrency ramp over n prompts: (concurrency, the prompts sent at it)."""
+    return [(1, range(0, 6)), (4, range(6, 22)), (8, range(22, n))]
+
+
 def chat_all(url: str, prompts: list[list[dict]], max_tokens, concurrency: int = 8,
              **kw) -> list[list[int]]:
     """Token ids of each completion (greedy unless kw says otherwise), order preserved."""

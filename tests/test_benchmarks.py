@@ -121,7 +121,7 @@ def test_eager_controls_serve_their_base_configuration_with_enforce_eager(tmp_pa
     serve the same configuration eagerly beside them."""
     import argparse
 
-    from benchmarks.serving_sweep import EAGER_CONTROLS, NAMED_ONLY, _server, configs
+    from benchmarks.serving_sweep import EAGER, EAGER_CONTROLS, NAMED_ONLY, _server, configs
 
     cfgs = configs("A", "no-head-here", (3,))
     args = argparse.Namespace(eager=False, prefix_caching=False, executor=None, ledger=False,
@@ -132,9 +132,10 @@ def test_eager_controls_serve_their_base_configuration_with_enforce_eager(tmp_pa
                                             argparse.Namespace(**{**vars(args), **kw})).cmd
 
     for name in EAGER_CONTROLS:
-        base = name.removesuffix("-eager")
+        base = name.removesuffix(EAGER)
         assert name in NAMED_ONLY and cfgs[name] == cfgs[base]
         assert eager(name) and not eager(base) and eager(base, eager=True)
+
 
 def test_ledger_summary_prices_one_window():
     from benchmarks.serving_sweep import ledger_summary

@@ -21,7 +21,7 @@ from dspark_vllm.config import LEDGER_SCHEDULER_CLS
 from dspark_vllm.serving import (VllmServer, acceptance_length, metric_sum, metrics_delta,
                                  serving)
 from dspark_vllm.target import prepare_target
-from tests.engine_utils import chat_all, drafter_for_tests, prompt_mix
+from tests.engine_utils import chat_all, drafter_for_tests, output_lengths, prompt_mix, ramp
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
 MAX_LEN = 1024
@@ -61,7 +61,7 @@ def prompts():
 @pytest.fixture(scope="module")
 def reference(servers, prompts):
     """Greedy outputs of the server without speculation (the ground truth)."""
-    lengths = [8 + (7 * i) % 56 for i in range(len(prompts))]  # different lengths
+    lengths = output_lengths(len(prompts))
     return lengths, chat_all(servers[0].url, prompts, lengths)
 
 
@@ -286,7 +286,7 @@ def adaptive(target, drafter, tmp_path_factory):
 
 def test_budget_greedy_outputs_identical_under_a_concurrency_ramp(adaptive, prompts, reference):
     lengths, want = reference
-    for conc, idx in ((1, range(0, 6)), (4, range(6, 22)), (8, range(22, len(prompts)))):
+    for conc, idx in ramp(len(prompts)):
         got = chat_all(adaptive.url, [prompts[i] for i in idx], [lengths[i] for i in idx],
                        concurrency=conc)
         assert got == [want[i] for i in idx], f"mismatch at concurrency {conc}"
