@@ -20,7 +20,7 @@ from collections import deque
 from .budget import (AcceptanceEstimator, ConfidenceDrift, SurvivalPool, admit_greedy,
                      admit_top, plan_from_mean, production_budget, survival)
 from .config import DRIFT_ENV, GATE_ENV, PRICE_ENV, WARM_ENV
-from .cost_model import DRAFT_PRIOR, CostModel, profile_key, profile_path
+from .cost_model import DRAFT_PRIOR, CostModel, config_profile_key, profile_path
 from .gate import (EXPLORE_MARGIN, LOSS_MIN_BATCH, PROVE_MIN_BATCH, TIE_MARGIN, WARM_BURSTS,
                    Explorer, PairedBursts, RealisedRates, bucket)
 from .ledger_scheduler import LedgerScheduler
@@ -40,8 +40,7 @@ class DSparkScheduler(LedgerScheduler):
         self.policy = os.environ.get("DSPARK_BUDGET_POLICY", "greedy")
         if self.policy not in POLICIES:
             raise ValueError(f"DSPARK_BUDGET_POLICY={self.policy!r}: use one of {POLICIES}")
-        key = profile_key(vc.model_config.model, str(vc.model_config.dtype),
-                          vc.scheduler_config.max_num_seqs)
+        key = config_profile_key(vc)
         self.cost_model = CostModel.load(profile_path(key))  # the step without drafting
         self.draft_cost = CostModel(prior=DRAFT_PRIOR)  # the draft pass, by drafted slots
         self.estimator = AcceptanceEstimator(self.max_drafts)

@@ -166,3 +166,32 @@ def test_the_profile_times_each_shape_and_flags_a_run_that_waited(busy):
     assert len(runner.shapes) == len(want) * (REPEATS + 1)  # + one warm-up run per shape
     assert all(s >= 0.005 for _, s in points)
     assert runner.uniform_decode_query_len == 1  # restored
+
+
+def test_eager_and_compiled_engines_keep_separate_profiles():
+    """A compiled step is not an eager one's (bfloat16, AMX Xeon: 23.6 against 29.8 ms at
+    16 tokens): one engine's cached profile must not price the other's steps. The scheduler
+    and the worker's profile patch both key by config_profile_key."""
+    from types import SimpleNamespace
+
+    from vllm.config import CompilationMode, CUDAGraphMode
+
+    from dspark_vllm.cost_model import config_profile_key
+
+    def config(mode, graphs, seqs=16, dtype="torch.bfloat16"):
+        return SimpleNamespace(
+            model_config=SimpleNamespace(model="/m/smollm2", dtype=dtype),
+            compilation_config=SimpleNamespace(mode=mode, cudagraph_mode=graphs),
+            scheduler_config=SimpleNamespace(max_num_seqs=seqs))
+
+    eager = config(CompilationMode.NONE, CUDAGraphMode.NONE)
+    compiled = config(CompilationMode.VLLM_COMPILE, CUDAGraphMode.NONE)
+    keys = {config_profile_key(c) for c in (eager, compiled,
+                                             config(CompilationMode.VLLM_COMPILE,
+                                                    CUDAGraphMode.PIECEWISE),
+                                             config(CompilationMode.NONE, CUDAGraphMode.NONE, 8),
+                                             config(CompilationMode.NONE, CUDAGraphMode.NONE,
+                                                    dtype="torch.float32"))}
+    assert len(keys) == 5
+    assert config_profile_key(eager) == config_profile_key(
+        config(CompilationMode.NONE, CUDAGraphMode.NONE))

@@ -3,10 +3,11 @@
 Why: the load-aware budget needs steps-per-second as a function of batch tokens on the
 running hardware. Once the KV cache exists, the worker can time real forward passes of
 uniform decode batches (B requests x q tokens) with vLLM's own dummy-run machinery; the
-profile is cached per model and machine and read by the scheduler at start-up (a profile
-taken while another process held the cores is marked, used once, and taken again at the
-next start: contention would otherwise inflate the slope for good). vLLM has
-no hook between "KV cache ready" and "scheduler built" that runs in the worker.
+profile is cached per model, machine and execution mode (eager or compiled) and read by
+the scheduler at start-up (a profile taken while another process held the cores is marked,
+used once, and taken again at the next start: contention would otherwise inflate the slope
+for good). vLLM has no hook between "KV cache ready" and "scheduler built" that runs in
+the worker.
 Removed by: a worker-side start-up hook for plugins (or an upstream cost profile, as the
 V2 runner's adaptive verification has).
 """
@@ -106,10 +107,9 @@ def apply() -> None:
         if (sc is None or sc.method != "dspark" or not sc.enable_adaptive_verification
                 or kwargs.get("is_profiling") or (args and args[0] is True)):
             return out
-        from ..cost_model import profile_key, profile_path, read_profile
+        from ..cost_model import config_profile_key, profile_path, read_profile
 
-        mc = self.vllm_config.model_config
-        path = profile_path(profile_key(mc.model, str(mc.dtype), self.scheduler_config.max_num_seqs))
+        path = profile_path(config_profile_key(self.vllm_config))
         if read_profile(path, trusted_only=True) is not None:
             return out
         t0 = time.perf_counter()
