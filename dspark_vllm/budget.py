@@ -168,39 +168,6 @@ def draft_gain(
     return on / (b / cost.seconds(base_tokens))
 
 
-def draft_length(
-    survivals: Sequence[Sequence[float]],  # per drafted request: a_{r,1..K_r}
-    counts: Sequence[int],  # drafts admitted per request this step (Algorithm 1)
-    num_running: int,  # requests the next draft pass drafts for, each every slot
-    cost: StepCost,  # the step without its draft pass
-    draft_cost: StepCost,  # the draft pass, by drafted slots (B x L)
-    max_drafts: int,
-    headroom: int = 1,
-) -> int:
-    """Beyond the paper: slots per request the next draft pass runs.
-
-    The paper drafts the largest admitted budget + headroom (so budgets can grow). One pass
-    drafts the same L slots for every request, so at a busy load the one most confident
-    request sets the pass for all: served compiled at 16 requests the budget drafted 5.8
-    slots a request and verified 1.8 (8 and 16 requests, README), and those slots made its
-    step dearer than K = 2's. Here L is the cap c <= max(counts) on this step's admissions
-    that maximises predicted goodput,
-        (B + sum_r sum_{j < min(n_r, c)} a_{r,j}) / (t(B + sum_r min(n_r, c)) + d(B (c + h))),
-    and the pass drafts c + headroom. Ties keep the longer pass. Reads this step's survivals
-    and admissions only, never a verification's outcome: it shapes the next step's drafts,
-    and admission there stays Algorithm 1's, so the causality wall holds."""
-    top = max(counts, default=0)
-    best_c, best = top, -1.0
-    for c in range(top, 0, -1):
-        capped = [min(n, c) for n in counts]
-        expected = num_running + sum(sum(s[:n]) for s, n in zip(survivals, capped))
-        seconds = (cost.seconds(num_running + sum(capped))
-                   + draft_cost.seconds(num_running * min(max_drafts, c + headroom)))
-        if expected / seconds > best * (1.0 + 1e-9):
-            best_c, best = c, expected / seconds
-    return min(max_drafts, best_c + headroom)
-
-
 def drafting_pays(survivals, counts, base_tokens, cost, draft_cost, draft_len) -> bool:
     """Does the next step's draft pass pay for itself? (draft_gain > 1)"""
     return draft_gain(survivals, counts, base_tokens, cost, draft_cost, draft_len) > 1.0

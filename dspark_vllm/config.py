@@ -27,11 +27,6 @@ DRIFT_ENV = "DSPARK_CONFIDENCE_DRIFT"  # "1": rescale confidences to the accepta
 PRICE_ENV = "DSPARK_STEP_PRICE"  # how Algorithm 1 prices a step (budget.step_prices)
 STEP_PRICES = {"hull": "the convex hull of the cheapest reachable step, the default",
                "envelope": "the cheapest reachable step alone"}
-DRAFT_LENGTH_ENV = "DSPARK_DRAFT_LENGTH"  # slots a draft pass runs per request (budget.draft_length)
-DRAFT_LENGTHS = {"goodput": "the cap on this step's admissions that maximises predicted goodput, "
-                 "plus headroom, the default",
-                 "max": "the largest admitted budget plus headroom, the paper's (the default "
-                 "until 2026-12-06)"}
 WARM_ENV = "DSPARK_GATE_WARM_BURSTS"  # the draft gate's warm bursts per load (gate.WARM_BURSTS)
 WARM_CAPS = {str(WARM_BURSTS): f"up to {WARM_BURSTS} warm bursts per load until its verdict is "
              "in, the default", "4": "up to 4, the cap until 2026-12-06"}
@@ -156,7 +151,6 @@ class DSparkServeConfig:
                 "vLLM's separate take_draft_token_ids RPC")
         _choice(GATE_ENV, "paired", GATE_VERDICTS)
         _choice(PRICE_ENV, "hull", STEP_PRICES)
-        _choice(DRAFT_LENGTH_ENV, "goodput", DRAFT_LENGTHS)
         _choice(WARM_ENV, str(WARM_BURSTS), WARM_CAPS)
         _switch(DRIFT_ENV, "0", "confidences rescaled per position to the acceptance served "
                 "(budget.ConfidenceDrift, experimental)", "the drafter's confidences as they "

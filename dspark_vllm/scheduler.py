@@ -18,8 +18,8 @@ import time
 from collections import deque
 
 from .budget import (AcceptanceEstimator, ConfidenceDrift, SurvivalPool, admit_greedy,
-                     admit_top, draft_length, plan_from_mean, production_budget, survival)
-from .config import DRAFT_LENGTH_ENV, DRIFT_ENV, GATE_ENV, PRICE_ENV, WARM_ENV
+                     admit_top, plan_from_mean, production_budget, survival)
+from .config import DRIFT_ENV, GATE_ENV, PRICE_ENV, WARM_ENV
 from .cost_model import DRAFT_PRIOR, CostModel, config_profile_key, profile_path
 from .gate import (EXPLORE_MARGIN, LOSS_MIN_BATCH, PROVE_MIN_BATCH, TIE_MARGIN, WARM_BURSTS,
                    Explorer, PairedBursts, RealisedRates, bucket)
@@ -53,9 +53,6 @@ class DSparkScheduler(LedgerScheduler):
         self.drift = (ConfidenceDrift(self.max_drafts)
                       if os.environ.get(DRIFT_ENV, "0") == "1" else None)
         self.hull = os.environ.get(PRICE_ENV, "hull") == "hull"  # budget.step_prices
-        # The draft pass's length: budget.draft_length's goodput cap, or the paper's largest
-        # budget + headroom with DSPARK_DRAFT_LENGTH=max (validated in config.py).
-        self.trim_length = os.environ.get(DRAFT_LENGTH_ENV, "goodput") == "goodput"
         self._history: deque[list[list[float]]] = deque(maxlen=3)  # survivals per step
         self._pending: tuple[int, float, int] | None = None  # last step: tokens, s, slots
         self._pool = SurvivalPool(GATE_POOL)  # recent survivals of running requests
@@ -179,9 +176,6 @@ class DSparkScheduler(LedgerScheduler):
             return
         length, gain, verdict, measured, chosen = self._gate_choice(counts, num_running,
                                                                     token_budget)
-        if counts and self.trim_length:
-            length = draft_length(surv, counts, num_running, self.cost_model.cost,
-                                  self.draft_cost.cost, self.max_drafts, DRAFT_HEADROOM)
         # A clear measured win is not re-checked either: each burst at one request costs
         # half its steps' tokens. Until a load is judged, its bursts come sooner.
         on = self.explorer.decide(chosen, gain, self.measure.gain(num_running), num_running,

@@ -7,8 +7,8 @@ import random
 import pytest
 
 from dspark_vllm.budget import (AcceptanceEstimator, ConfidenceDrift, StepCost, admit_greedy,
-                                admit_top, draft_length, drafting_pays, next_draft_len,
-                                production_budget, step_prices, survival)
+                                admit_top, drafting_pays, next_draft_len, production_budget,
+                                step_prices, survival)
 
 COST = StepCost(alpha=0.060, beta=0.0012)  # the shape measured on CPU engines
 
@@ -354,42 +354,3 @@ def test_drift_keeps_missing_confidences_missing_and_survival_clipped():
     before = drift.ratios()
     drift.update([float("nan"), 0.5], 2)  # a NaN confidence ends what the update reads
     assert drift.ratios() == before
-
-
-# The draft pass as served compiled at 16 requests (bf16, AMX Xeon): ~7 ms + ~0.1 ms a slot.
-PASS = StepCost(alpha=0.007, beta=0.0001)
-
-
-def test_draft_length_keeps_the_papers_length_where_slots_are_cheap():
-    """One request: each admitted slot raised goodput in order, and a slot of the pass costs
-    0.1 ms of a 60 ms step, so the pass stays the largest budget + headroom (the paper's)."""
-    surv = [survival([0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3])]
-    counts = admit_greedy(surv, 1, COST, 10_000)
-    assert counts[0] >= 4
-    assert draft_length(surv, counts, 1, COST, PASS, 7) == min(7, counts[0] + 1)
-    assert draft_length(surv, counts, 1, COST, StepCost(0.0, 0.0), 7, headroom=2) == min(
-        7, counts[0] + 2)
-
-
-def test_draft_length_stops_one_confident_request_setting_a_busy_batchs_pass():
-    """16 requests, one sure of six drafts and the rest of one: the paper drafts seven
-    slots for all 16 (112), for the one request's few extra tokens."""
-    sure, doubtful = survival([0.95] * 7), survival([0.7, 0.2, 0.1, 0.1, 0.1, 0.1, 0.1])
-    surv = [sure] + [doubtful] * 15
-    counts = [6] + [1] * 15
-    dear = StepCost(alpha=0.007, beta=0.0015)  # a slot dearer than a verified token
-    length = draft_length(surv, counts, 16, COST, dear, 7)
-    assert 2 <= length < 7
-    assert draft_length(surv, counts, 16, COST, StepCost(0.007, 0.0), 7) == 7  # free slots
-
-
-@pytest.mark.parametrize("seed", range(20))
-def test_draft_length_stays_within_the_papers_and_admits_at_least_one(seed):
-    rng = random.Random(seed)
-    surv = _random_survivals(rng, rng.randint(1, 24))
-    counts = admit_greedy(surv, len(surv), COST, 10_000)
-    pass_cost = StepCost(rng.uniform(0, 0.01), rng.uniform(0, 0.002))
-    length = draft_length(surv, counts, len(surv), COST, pass_cost, 7)
-    top = max(counts)
-    assert min(7, 1 + 1) <= length <= min(7, top + 1) if top else length == 1
-    assert draft_length(surv, [0] * len(surv), len(surv), COST, pass_cost, 7) == 1

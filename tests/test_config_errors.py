@@ -59,7 +59,6 @@ def test_block_drop_switch_is_validated(target, good, monkeypatch):
     ("DSPARK_GATE_VERDICT", "bursts", "use paired / unset"),
     ("DSPARK_CONFIDENCE_DRIFT", "on", "use 1"),
     ("DSPARK_STEP_PRICE", "convex", "use hull / unset"),
-    ("DSPARK_DRAFT_LENGTH", "longest", "use goodput / unset"),
     ("DSPARK_GATE_WARM_BURSTS", "16", "use 8 / unset"),
 ])
 def test_environment_switches_are_validated(target, good, monkeypatch, name, value, accepted):

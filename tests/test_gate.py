@@ -290,7 +290,6 @@ def _fake_scheduler(pool):
     survivals.add([f"req-{i}" for i in range(len(pool))], pool)
     fake = SimpleNamespace(_pool=survivals, cost_model=CostModel(prior=COST),
                            draft_cost=CostModel(prior=DRAFT), max_drafts=7, hull=True,
-                           trim_length=True,
                            rates=RealisedRates(min_samples=1), explorer=Explorer(every=10_000),
                            paired=PairedBursts(),
                            stats=SimpleNamespace(draft_len=7), draft_len=7, decided_by={})
