@@ -7,6 +7,7 @@ the model runner and the DSpark proposer, for plain decoding or a DSpark engine.
     python -m benchmarks.engine_profile fixed --k 7 --batch 1   # DSpark, K drafts every step
     python -m benchmarks.engine_profile capped --k 3  # K drafts a step on an engine sized for 7
     python -m benchmarks.engine_profile shapes       # the budget's start-up cost profile, afresh
+    python -m benchmarks.engine_profile plain --compiled  # torch.compile, as `vllm serve` runs
 
 One `vllm.LLM`, by default with the engine and worker in this process (no RPC), the first
 `--batch` of 16 prompts (8 GSM8K held-out, 8 HumanEval) x 96 greedy tokens: a warm-up pass,
@@ -124,9 +125,11 @@ def _install() -> None:
         _time(Qwen3DSparkForCausalLM, n, f"drafter.{n}")
 
 
-def in_process_llm(spec: dict | None, dtype: str = "float32", **kw):
+def in_process_llm(spec: dict | None, dtype: str = "float32", eager: bool = True, **kw):
     """One `vllm.LLM` on the bundled target, engine core and worker in this process (no RPC
-    between them), in `dtype`, eager. vLLM reads these variables when the engine starts."""
+    between them), in `dtype`, eager unless `eager` is False (then compiled with
+    torch.compile, as `vllm serve` runs by default). vLLM reads these variables when the
+    engine starts."""
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
     os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
@@ -135,7 +138,7 @@ def in_process_llm(spec: dict | None, dtype: str = "float32", **kw):
     from dspark_vllm.target import prepare_target
 
     return LLM(model=str(prepare_target()), dtype=dtype, max_model_len=1024, seed=0,
-               enforce_eager=True, speculative_config=spec, distributed_executor_backend="uni",
+               enforce_eager=eager, speculative_config=spec, distributed_executor_backend="uni",
                **kw)
 
 
@@ -168,6 +171,9 @@ def main(argv=None) -> None:
                    help="first prompt of the 16 (0-7 GSM8K, 8-15 HumanEval)")
     p.add_argument("--dtype", choices=NAMED_DTYPES, default="float32",
                    help="the target's and drafter's dtype (bfloat16 pays on CPUs with AMX)")
+    p.add_argument("--compiled", action="store_true",
+                   help="compile with torch.compile, as `vllm serve` does without "
+                   "--enforce-eager (the start takes minutes; eager by default)")
     args = p.parse_args(argv)
     if not 0 <= args.offset <= 15:
         p.error(f"--offset {args.offset}: use 0 to 15 (the prompt set holds 16)")
@@ -202,7 +208,8 @@ def main(argv=None) -> None:
                 [1, 1024, args.k if args.mode == "capped" else 0]]
         elif args.mode == "adaptive":
             spec["enable_adaptive_verification"] = True
-    llm = in_process_llm(spec, args.dtype, max_num_seqs=16, enable_prefix_caching=False)
+    llm = in_process_llm(spec, args.dtype, eager=not args.compiled, max_num_seqs=16,
+                         enable_prefix_caching=False)
     tok = llm.get_tokenizer()
     chats = [p["messages"] for p in gsm8k_heldout()[:8]] + [p["messages"] for p in humaneval()[:8]]
     prompts = [{"prompt_token_ids": encode_chat(tok, m)}
@@ -214,7 +221,7 @@ def main(argv=None) -> None:
         before = _spawned_timers()
         t0 = time.perf_counter()
         llm.generate(prompts, params, use_tqdm=False)
-        row = {"mode": args.mode, "dtype": args.dtype, "repeat": rep,
+        row = {"mode": args.mode, "dtype": args.dtype, "compiled": args.compiled, "repeat": rep,
                "wall_s": round(time.perf_counter() - t0, 3)}
         for k, (s, n) in _spawned_timers().items():  # the spawned processes' share of this pass
             b = before.get(k, (0.0, 0))

@@ -2,6 +2,7 @@
 
 import collections
 import json
+import os
 
 import pytest
 
@@ -418,3 +419,22 @@ def test_step_trace_sets_drafted_steps_beside_plain_ones_by_batch(tmp_path, caps
     assert out.strip().splitlines()[-1].endswith("| 1.00x |")
     with pytest.raises(SystemExit, match="no steps"):
         step_trace.main([str(tmp_path)])
+
+
+@pytest.mark.parametrize("eager", [True, False])
+def test_engine_profile_builds_an_eager_or_a_compiled_engine(monkeypatch, eager):
+    """`--compiled` profiles the engine `vllm serve` runs by default (torch.compile); eager
+    stays the default. A fake LLM records what the profile asks vLLM for."""
+    import vllm
+
+    from benchmarks.engine_profile import in_process_llm
+
+    for var in ("VLLM_ENABLE_V1_MULTIPROCESSING", "VLLM_CPU_KVCACHE_SPACE",
+                "VLLM_CPU_NUM_OF_RESERVED_CPU"):  # set here, so restored for later servers
+        monkeypatch.setenv(var, os.environ.get(var, "0"))
+    seen = {}
+    monkeypatch.setattr(vllm, "LLM", lambda **kw: seen.update(kw))
+    monkeypatch.setattr("dspark_vllm.target.prepare_target", lambda: "/target")
+    in_process_llm(None, "bfloat16", eager=eager, max_num_seqs=4)
+    assert seen["enforce_eager"] is eager and seen["dtype"] == "bfloat16"
+    assert seen["model"] == "/target" and seen["max_num_seqs"] == 4
