@@ -62,7 +62,11 @@ DRAFTER_B = "dspark-adaptive-b"
 # get), as every table before 2026-12-06 was measured (`--eager` serves every server so).
 EAGER = "-eager"
 EAGER_CONTROLS = ("no-spec" + EAGER, "dspark-adaptive" + EAGER)
-NAMED_ONLY = (*CONFIG_ENV, AA_CONTROL, *EAGER_CONTROLS)
+# A DSpark server that never drafts, run only when named: vLLM's batch-size schedule at zero
+# drafts for every batch, so every step is a speculative server's undrafted step (the
+# drafter's context pass only), to price being a speculative server apart from drafting.
+NEVER_DRAFTS = "dspark-k0"
+NAMED_ONLY = (*CONFIG_ENV, AA_CONTROL, *EAGER_CONTROLS, NEVER_DRAFTS)
 
 
 def configs(dspark: str, mtp1: str, fixed: tuple[int, ...],
@@ -78,6 +82,8 @@ def configs(dspark: str, mtp1: str, fixed: tuple[int, ...],
         c[name] = dict(c["dspark-adaptive"])
     c["vllm-batch-schedule"] = {"method": "dspark", "model": dspark, "num_speculative_tokens": 7,
                                 "num_speculative_tokens_per_batch_size": BATCH_SCHEDULE}
+    c[NEVER_DRAFTS] = {"method": "dspark", "model": dspark, "num_speculative_tokens": 7,
+                       "num_speculative_tokens_per_batch_size": [[1, 1024, 0]]}
     c[AA_CONTROL] = None
     for name in EAGER_CONTROLS:
         base = c[name.removesuffix(EAGER)]
