@@ -438,3 +438,13 @@ def test_engine_profile_builds_an_eager_or_a_compiled_engine(monkeypatch, eager)
     in_process_llm(None, "bfloat16", eager=eager, max_num_seqs=4)
     assert seen["enforce_eager"] is eager and seen["dtype"] == "bfloat16"
     assert seen["model"] == "/target" and seen["max_num_seqs"] == 4
+
+
+def test_the_never_drafting_control_is_named_only_and_drafts_nothing_at_any_batch():
+    from benchmarks.serving_sweep import NAMED_ONLY, NEVER_DRAFTS, configs
+
+    spec = configs("A", "no-head-here", (3,))[NEVER_DRAFTS]
+    assert NEVER_DRAFTS in NAMED_ONLY and spec["method"] == "dspark" and spec["model"] == "A"
+    schedule = spec["num_speculative_tokens_per_batch_size"]
+    for batch in (1, 2, 16, 1024):  # vLLM's schedule: [first batch, last batch, drafts]
+        assert [k for lo, hi, k in schedule if lo <= batch <= hi] == [0]
