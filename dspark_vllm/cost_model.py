@@ -1,8 +1,8 @@
 """Steps-per-second as a function of batch tokens, measured on the running hardware.
 
-Seeded from a start-up profile (cached per model, machine and execution mode) and refitted online from
-the step times the engine actually observes, so it follows drift (thermal limits, other
-tenants, longer contexts).
+Seeded from a start-up profile (cached per model, machine and execution mode) and refitted
+online from the step times the engine actually observes, so it follows drift (thermal
+limits, other tenants, longer contexts).
 """
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ def fit(tokens: np.ndarray, seconds: np.ndarray, weights: np.ndarray | None = No
     return StepCost(float(alpha), float(beta))
 
 
-def profile_key(model: str, dtype: str, max_num_seqs: int, execution: str = "eager") -> str:
+def profile_key(model: str, dtype: str, max_num_seqs: int, execution: str) -> str:
     """The cache key of a start-up profile: what a step's cost depends on. `execution`:
     how vLLM runs the model (config_profile_key), since a compiled step is not an eager
     one's: in bfloat16 on the AMX Xeon a 16-token step took 23.6 ms compiled and 29.8 ms
@@ -84,8 +84,8 @@ def config_profile_key(vllm_config) -> str:
     """profile_key for a running engine: its model, dtype, max_num_seqs and execution mode
     (torch.compile's mode and the CUDA-graph mode; --enforce-eager sets both to none)."""
     mc, cc = vllm_config.model_config, vllm_config.compilation_config
-    execution = f"compile={getattr(cc.mode, 'name', cc.mode)}," \
-                f"graphs={getattr(cc.cudagraph_mode, 'name', cc.cudagraph_mode)}"
+    execution = (f"compile={getattr(cc.mode, 'name', cc.mode)},"
+                 f"graphs={getattr(cc.cudagraph_mode, 'name', cc.cudagraph_mode)}")
     return profile_key(mc.model, str(mc.dtype), vllm_config.scheduler_config.max_num_seqs,
                        execution)
 
