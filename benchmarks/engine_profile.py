@@ -142,20 +142,21 @@ def in_process_llm(spec: dict | None, dtype: str = "float32", eager: bool = True
                **kw)
 
 
-def profiled_shapes(dtype: str = "float32") -> dict:
+def profiled_shapes(dtype: str = "float32", eager: bool = True) -> dict:
     """The load-aware budget's start-up cost profile (`patches/cost_profile.py`) taken afresh
-    in this process on the bundled target and drafter: ms of a step by batch tokens (forward,
-    drafter dummy pass, logits at every token), the fastest shape per size."""
+    in this process on the bundled target and drafter, eager or compiled: ms of a step by
+    batch tokens (forward, drafter dummy pass, logits at every token), the fastest shape per
+    size."""
     from dspark_vllm.cost_model import fastest_by_tokens
     from dspark_vllm.patches.cost_profile import profile
     from dspark_vllm.serving import BUNDLED_DRAFTER
 
     spec = {"method": "dspark", "model": str(BUNDLED_DRAFTER), "num_speculative_tokens": 7,
             "enable_adaptive_verification": True}
-    llm = in_process_llm(spec, dtype, max_num_seqs=16, enable_prefix_caching=False)
+    llm = in_process_llm(spec, dtype, eager=eager, max_num_seqs=16, enable_prefix_caching=False)
     runner = llm.llm_engine.engine_core.engine_core.model_executor.driver_worker.worker.model_runner
     points, contended = profile(runner)
-    return {"mode": "shapes", "contended": contended, "step_ms_by_tokens": {
+    return {"mode": "shapes", "compiled": not eager, "contended": contended, "step_ms_by_tokens": {
         t: round(sec * 1e3, 1) for t, sec in fastest_by_tokens(points).items()}}
 
 
@@ -183,13 +184,14 @@ def main(argv=None) -> None:
     if args.repeats < 1:
         p.error(f"--repeats {args.repeats}: use 1 or more")
     if args.mode == "shapes":  # the profile's own repeats; --batch, --k, --repeats unused
-        print(json.dumps(profiled_shapes(args.dtype)), flush=True)
+        print(json.dumps(profiled_shapes(args.dtype, eager=not args.compiled)), flush=True)
         return
     sized = args.mode in ("fixed", "adaptive", "capped")  # the modes --k sizes
     if sized and not 1 <= args.k <= 7:
         p.error(f"--k {args.k}: use 1 to 7 (the bundled drafter's block; mode k0 drafts none)")
     from vllm import SamplingParams
 
+    from benchmarks.serving_sweep import one_length_schedule
     from dspark_vllm.datasets import encode_chat, gsm8k_heldout, humaneval
     from dspark_vllm.serving import BUNDLED_DRAFTER
 
@@ -204,8 +206,8 @@ def main(argv=None) -> None:
         spec = {"method": "dspark", "model": str(BUNDLED_DRAFTER),
                 "num_speculative_tokens": args.k if args.mode in ("fixed", "adaptive") else 7}
         if args.mode in ("k0", "capped"):  # vLLM's batch-size schedule: one length for all
-            spec["num_speculative_tokens_per_batch_size"] = [
-                [1, 1024, args.k if args.mode == "capped" else 0]]
+            spec["num_speculative_tokens_per_batch_size"] = one_length_schedule(
+                args.k if args.mode == "capped" else 0)
         elif args.mode == "adaptive":
             spec["enable_adaptive_verification"] = True
     llm = in_process_llm(spec, args.dtype, eager=not args.compiled, max_num_seqs=16,

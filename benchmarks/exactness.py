@@ -21,6 +21,9 @@ import sys
 import time
 from pathlib import Path
 
+CHECKED = ("dspark-k5", "dspark-adaptive")  # the DSpark servers held to plain's answers
+
+
 def run(out: Path, eager: bool) -> dict:
     from dspark_vllm.serving import BUNDLED_DRAFTER, VllmServer, serving
     from dspark_vllm.target import prepare_target
@@ -44,7 +47,7 @@ def run(out: Path, eager: bool) -> dict:
         report["startup_s"] = round(time.time() - t0)
         print(f"servers up after {report['startup_s']} s", flush=True)
         want = chat_all(servers["plain"].url, prompts, lengths, concurrency=1)
-        for name in ("dspark-k5", "dspark-adaptive"):
+        for name in CHECKED:
             bad = []
             for conc, idx in ramp(len(prompts)):
                 got = chat_all(servers[name].url, [prompts[i] for i in idx],
@@ -64,8 +67,7 @@ def main(argv=None) -> int:
     p.add_argument("--out", default="benchmarks/results/exactness")
     args = p.parse_args(argv)
     report = run(Path(args.out), args.eager)
-    checked = ("dspark-k5", "dspark-adaptive")
-    return 1 if any(report[n]["mismatched_prompts"] for n in checked) else 0
+    return 1 if any(report[n]["mismatched_prompts"] for n in CHECKED) else 0
 
 
 if __name__ == "__main__":

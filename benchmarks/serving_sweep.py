@@ -31,6 +31,13 @@ from dspark_vllm.serving import (BUNDLED_DRAFTER, VllmServer, acceptance_length,
 MAX_TOKENS = 128
 DEFAULT_MTP1 = "runs/smollm2/mtp-1/drafter"
 BATCH_SCHEDULE = [[1, 2, 7], [3, 4, 5], [5, 8, 3], [9, 16, 2], [17, 1024, 1]]
+
+
+def one_length_schedule(k: int) -> list[list[int]]:
+    """vLLM's batch-size schedule ([first batch, last batch, drafts] rows) verifying k
+    drafts at every batch size; k = 0 never drafts (the drafter's context pass only)."""
+    return [[1, 1024, k]]
+
 # Server environments beyond the defaults, A/Bs run only when named: the budget with the
 # drafter's context K/V written on every step (DSPARK_DEFER_CONTEXT=0, against deferring it:
 # context_debt.py), and with vLLM's separate draft RPC after each step
@@ -83,7 +90,7 @@ def configs(dspark: str, mtp1: str, fixed: tuple[int, ...],
     c["vllm-batch-schedule"] = {"method": "dspark", "model": dspark, "num_speculative_tokens": 7,
                                 "num_speculative_tokens_per_batch_size": BATCH_SCHEDULE}
     c[NEVER_DRAFTS] = {"method": "dspark", "model": dspark, "num_speculative_tokens": 7,
-                       "num_speculative_tokens_per_batch_size": [[1, 1024, 0]]}
+                       "num_speculative_tokens_per_batch_size": one_length_schedule(0)}
     c[AA_CONTROL] = None
     for name in EAGER_CONTROLS:
         base = c[name.removesuffix(EAGER)]
