@@ -22,7 +22,7 @@ DEFER_ENV = "DSPARK_DEFER_CONTEXT"  # "0": write the drafter's context K/V every
 GRAPHS_ENV = "DSPARK_BLOCK_GRAPHS"  # "0": on a GPU the drafted block's walk runs eagerly
 HANDOVER_ENV = "DSPARK_DRAFT_HANDOVER"  # "0": drafts reach the engine by vLLM's extra RPC
 GATE_ENV = "DSPARK_GATE_VERDICT"  # what the draft gate measures by (gate.py)
-FRAME_STACK_ENV = "DSPARK_FRAME_STACK"  # "0": off; "1": every engine, not only DSpark (patches/frame_stack)
+FRAME_STACK_ENV = "DSPARK_FRAME_STACK"  # "0": off; "1": every engine (patches/frame_stack)
 TRACE_ENV = "DSPARK_STEP_TRACE"  # a directory: every engine step as a JSON line (ledger_scheduler)
 DRIFT_ENV = "DSPARK_CONFIDENCE_DRIFT"  # "1": rescale confidences to the acceptance served
 PRICE_ENV = "DSPARK_STEP_PRICE"  # how Algorithm 1 prices a step (budget.step_prices)
@@ -150,6 +150,8 @@ class DSparkServeConfig:
                 "(block_graph.py), the default", "it runs eagerly")
         _switch(HANDOVER_ENV, "1", "a step's drafts ride its output to the engine, the default",
                 "vLLM's separate take_draft_token_ids RPC")
+        _switch(FRAME_STACK_ENV, "1", "the forward at a frame depth that keeps CPython's frame "
+                "stack from thrashing (patches/frame_stack.py), the default", "as vLLM calls it")
         _choice(GATE_ENV, "paired", GATE_VERDICTS)
         _choice(PRICE_ENV, "hull", STEP_PRICES)
         _choice(WARM_ENV, str(WARM_BURSTS), WARM_CAPS)

@@ -85,7 +85,8 @@ def test_the_patched_forward_returns_the_models_output_and_settles_per_call_site
         def model(self, **kw):
             return kw
 
-    out = [forward(Runner(), input_ids=i, positions=-i) for i in range(len(fs.PADS) * fs.TRIES + 2)]
+    calls = len(fs.PADS) * fs.TRIES + 2  # every candidate tried, then the chosen pad
+    out = [forward(Runner(), input_ids=i, positions=-i) for i in range(calls)]
     assert out[-1] == {"input_ids": out[-1]["input_ids"], "positions": -out[-1]["input_ids"],
                        "intermediate_tensors": None, "inputs_embeds": None}
     assert [o["input_ids"] for o in out] == list(range(len(out)))
