@@ -33,9 +33,10 @@ PROFILE_WEIGHT = 0.25  # profile points keep anchoring the fit where traffic is 
 # points lets noise (or the drafter's cost, which rides on the intercept) tilt the slope,
 # and the slope is exactly what the admission policy trades against.
 MIN_SPAN_TOKENS = 8
-PROFILE_VERSION = 4  # bump when what the start-up profile times changes (2: + logits,
+PROFILE_VERSION = 5  # bump when what the start-up profile times changes (2: + logits,
                      # 3: fastest repeat per shape, contended profiles marked, 4: every
-                     # single-request query length, the shapes a quiet engine verifies)
+                     # single-request query length, the shapes a quiet engine verifies,
+                     # 5: timed at the frame-stack padding, patches/frame_stack.py)
 # A profiled batch size whose fastest time lies off the profile's line by less than this
 # share of the line is taken to be on it: two or three repeats leave a few per cent of
 # noise, and a deviation moves admissions, so only a real one should (a one-request
@@ -82,10 +83,14 @@ def profile_key(model: str, dtype: str, max_num_seqs: int, execution: str) -> st
 
 def config_profile_key(vllm_config) -> str:
     """profile_key for a running engine: its model, dtype, max_num_seqs and execution mode
-    (torch.compile's mode and the CUDA-graph mode; --enforce-eager sets both to none)."""
+    (torch.compile's mode and the CUDA-graph mode, --enforce-eager sets both to none; and
+    whether the forward runs at the frame-stack padding)."""
     mc, cc = vllm_config.model_config, vllm_config.compilation_config
+    from .patches import frame_stack
+
     execution = (f"compile={getattr(cc.mode, 'name', cc.mode)},"
-                 f"graphs={getattr(cc.cudagraph_mode, 'name', cc.cudagraph_mode)}")
+                 f"graphs={getattr(cc.cudagraph_mode, 'name', cc.cudagraph_mode)},"
+                 f"frames={'padded' if frame_stack.active() else 'as-called'}")
     return profile_key(mc.model, str(mc.dtype), vllm_config.scheduler_config.max_num_seqs,
                        execution)
 

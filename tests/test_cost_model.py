@@ -168,7 +168,39 @@ def test_the_profile_times_each_shape_and_flags_a_run_that_waited(busy):
     assert runner.uniform_decode_query_len == 1  # restored
 
 
-def test_eager_and_compiled_engines_keep_separate_profiles():
+def test_with_the_frame_stack_fix_the_profile_settles_a_padding_then_times_at_it(monkeypatch):
+    """The served forward runs at a padded frame depth (patches/frame_stack.py); the profile
+    must time steps the same way, not at the thrashing depth its own call may sit at."""
+    import sys
+
+    from dspark_vllm.patches import frame_stack as fs
+    from dspark_vllm.patches.cost_profile import PROFILE_SITE, REPEATS, _time_shapes
+
+    monkeypatch.setattr(fs, "_applied", True)
+    monkeypatch.setattr(fs, "_choosers", {})
+    runner, depths = _FakeRunner(busy=False), []
+    run = runner._dummy_run
+
+    def dummy_run(tokens, **kw):
+        n, f = 0, sys._getframe()
+        while f:  # the call depth, in frames
+            n, f = n + 1, f.f_back
+        depths.append(n)
+        return run(tokens, **kw)
+
+    runner._dummy_run = dummy_run
+    points = _time_shapes(runner)
+    calibration = len(fs.PADS) * fs.TRIES
+    assert runner.shapes[:calibration] == [(1, 1)] * calibration  # one-token warm-up
+    chosen = fs._choosers[PROFILE_SITE].chosen
+    assert chosen is not None
+    timed = depths[calibration:]
+    assert len(timed) == len(points) * (REPEATS + 1) and len(set(timed)) == 1
+    assert timed[0] == depths[fs.PADS.index(chosen) * fs.TRIES]  # at the chosen padding
+    assert runner.uniform_decode_query_len == 1  # restored
+
+
+def test_eager_and_compiled_engines_keep_separate_profiles(monkeypatch):
     """A compiled step is not an eager one's (bfloat16, AMX Xeon: 23.6 against 29.8 ms at
     16 tokens): one engine's cached profile must not price the other's steps. The scheduler
     and the worker's profile patch both key by config_profile_key."""
@@ -193,5 +225,10 @@ def test_eager_and_compiled_engines_keep_separate_profiles():
                                              config(CompilationMode.NONE, CUDAGraphMode.NONE,
                                                     dtype="torch.float32"))}
     assert len(keys) == 5
+    from dspark_vllm.patches import frame_stack
+
+    monkeypatch.setattr(frame_stack, "_applied", True)  # a padded forward costs differently
+    assert config_profile_key(eager) not in keys
+    monkeypatch.setattr(frame_stack, "_applied", False)
     assert config_profile_key(eager) == config_profile_key(
         config(CompilationMode.NONE, CUDAGraphMode.NONE))

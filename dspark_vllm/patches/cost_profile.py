@@ -20,7 +20,7 @@ import logging
 import os
 import time
 
-from . import is_patched, mark
+from . import frame_stack, is_patched, mark
 
 log = logging.getLogger("vllm.dspark.cost")
 BATCHES = (1, 2, 4, 8, 16)
@@ -31,6 +31,7 @@ QUERY_LENS = (1, 2, 4, 8)
 SINGLE_QUERY_LENS = tuple(range(1, max(QUERY_LENS) + 1))
 CONTEXT = 256  # attention context of the profiled requests
 TIME_CAP_S = 45.0  # the whole profile stays bounded; unmeasured shapes are skipped
+PROFILE_SITE = "cost_profile"  # the profile's own frame-stack padding (frame_stack.call)
 REPEATS = 3  # timed runs per shape after a warm-up run; the fastest counts (noise only adds)
 
 
@@ -65,7 +66,17 @@ def _time_shapes(runner) -> list[tuple[int, float]]:
     points, t_end = [], time.perf_counter() + TIME_CAP_S
     shapes = [(1, q) for q in SINGLE_QUERY_LENS] + [
         (b, q) for q in QUERY_LENS for b in BATCHES if 1 < b <= max_seqs]
+    dummy_run = functools.partial(runner._dummy_run, uniform_decode=True,
+                                  force_attention=True, profile_seq_lens=CONTEXT)
     try:
+        if frame_stack.active():
+            # Time the forward at a frame depth where CPython's frame stack does not
+            # thrash, as the served forward runs (patches/frame_stack.py), not at whatever
+            # depth this call sits: a thrashing depth adds a fixed cost to every step.
+            dummy_run = functools.partial(frame_stack.call, PROFILE_SITE, dummy_run)
+            runner.uniform_decode_query_len = 1
+            while not frame_stack.settled(PROFILE_SITE):  # from this frame, as below
+                dummy_run(1)
         for b, q in shapes:
             if b * q > runner.max_num_tokens:
                 continue
@@ -75,9 +86,7 @@ def _time_shapes(runner) -> list[tuple[int, float]]:
             times = []
             for rep in range(REPEATS + 1):  # the first run warms up this shape
                 t0 = time.perf_counter()
-                hidden, _ = runner._dummy_run(b * q, uniform_decode=True,
-                                              force_attention=True,
-                                              profile_seq_lens=CONTEXT)
+                hidden, _ = dummy_run(b * q)
                 # Verification needs target logits at every scheduled token, not
                 # only the last per request as the dummy run computes: on a
                 # compute-bound CPU that LM-head is a large part of a draft's cost.

@@ -60,7 +60,38 @@ class PadChooser:
             self.chosen = min(self.pads, key=lambda p: (self.scores[p], p))
 
 
+_choosers: dict[object, PadChooser] = {}  # by call site: a code object or a name
+_applied = False
+
+
+def active() -> bool:
+    """Is the fix on in this process (apply() ran on a CPU with a chunked frame stack)?"""
+    return _applied
+
+
+def call(site, fn, *args, **kwargs):
+    """fn(*args, **kwargs) at the padding chosen for `site`; until it is chosen, each call
+    tries the next candidate and scores it by this thread's minor faults."""
+    chooser = _choosers.get(site)
+    if chooser is None:
+        chooser = _choosers[site] = PadChooser()
+    pad = chooser.next_pad()
+    if chooser.chosen is not None:
+        return padded(pad, fn, args, kwargs)
+    before = thread_faults()
+    out = padded(pad, fn, args, kwargs)
+    chooser.record(pad, thread_faults() - before)
+    return out
+
+
+def settled(site) -> bool:
+    """Is the padding for `site` chosen? (Calibrate by calling through `site` until it is,
+    from the frame the later calls come from: the padding is right for that depth only.)"""
+    return site in _choosers and _choosers[site].chosen is not None
+
+
 def apply() -> None:
+    global _applied
     from vllm.platforms import current_platform
 
     if not current_platform.is_cpu() or sys.version_info < (3, 11):
@@ -70,20 +101,10 @@ def apply() -> None:
     orig = GPUModelRunner._model_forward
     if is_patched(orig):
         return
-    choosers: dict[object, PadChooser] = {}  # by the calling code object (call site)
 
     @functools.wraps(orig)
     def _model_forward(self, *args, **kwargs):
-        site = sys._getframe(1).f_code
-        chooser = choosers.get(site)
-        if chooser is None:
-            chooser = choosers[site] = PadChooser()
-        pad = chooser.next_pad()
-        if chooser.chosen is not None:
-            return padded(pad, orig, (self, *args), kwargs)
-        before = thread_faults()
-        out = padded(pad, orig, (self, *args), kwargs)
-        chooser.record(pad, thread_faults() - before)
-        return out
+        return call(sys._getframe(1).f_code, orig, self, *args, **kwargs)
 
     GPUModelRunner._model_forward = mark(_model_forward, "frame_stack")
+    _applied = True
