@@ -44,6 +44,7 @@ def ready(s):
 for s in servers.values(): ready(s)
 print("ready", flush=True)
 prompts = prompt_set(48)
+USERS = int(os.environ.get("SPY_USERS", "16"))
 def procs(pid):
     kids = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout.split()
     res = {"api": int(pid)}
@@ -63,7 +64,7 @@ try:
             ps = procs(s.proc.pid)
             result = {}
             def load():
-                result["r"] = asyncio.run(closed_loop(s.url, prompts, 16, 130, 128, warmup=16))
+                result["r"] = asyncio.run(closed_loop(s.url, prompts, USERS, int(os.environ.get("SPY_REQUESTS", "130")), 128, warmup=USERS))
             th = threading.Thread(target=load); th.start()
             time.sleep(15)
             c0 = {k: cpu(p) for k, p in ps.items()}; t0 = time.time(); T0 = timers(ps)
