@@ -145,11 +145,14 @@ class _FakeRunner:
 
 
 @pytest.mark.parametrize("busy", [True, False])
-def test_the_profile_times_each_shape_and_flags_a_run_that_waited(busy):
+def test_the_profile_times_each_shape_and_flags_a_run_that_waited(busy, monkeypatch):
     import torch
 
+    from dspark_vllm.patches import frame_stack
     from dspark_vllm.patches.cost_profile import (QUERY_LENS, REPEATS, SINGLE_QUERY_LENS,
                                                   profile)
+
+    monkeypatch.setattr(frame_stack, "_applied", False)  # an earlier engine test may apply it
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # the fake computes on one thread
@@ -209,6 +212,9 @@ def test_eager_and_compiled_engines_keep_separate_profiles(monkeypatch):
     from vllm.config import CompilationMode, CUDAGraphMode
 
     from dspark_vllm.cost_model import config_profile_key
+    from dspark_vllm.patches import frame_stack
+
+    monkeypatch.setattr(frame_stack, "_applied", False)  # an earlier engine test may apply it
 
     def config(mode, graphs, seqs=16, dtype="torch.bfloat16"):
         return SimpleNamespace(
@@ -225,8 +231,6 @@ def test_eager_and_compiled_engines_keep_separate_profiles(monkeypatch):
                                              config(CompilationMode.NONE, CUDAGraphMode.NONE,
                                                     dtype="torch.float32"))}
     assert len(keys) == 5
-    from dspark_vllm.patches import frame_stack
-
     monkeypatch.setattr(frame_stack, "_applied", True)  # a padded forward costs differently
     assert config_profile_key(eager) not in keys
     monkeypatch.setattr(frame_stack, "_applied", False)

@@ -76,6 +76,8 @@ def test_the_patched_forward_returns_the_models_output_and_settles_per_call_site
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
     monkeypatch.setattr(GPUModelRunner, "_model_forward", GPUModelRunner._model_forward)
+    monkeypatch.setattr(fs, "_applied", fs._applied)  # restored after: no leak to later tests
+    monkeypatch.setattr(fs, "_choosers", {})
     fs.apply()
     fs.apply()  # idempotent
     forward = GPUModelRunner._model_forward
