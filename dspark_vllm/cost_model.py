@@ -85,9 +85,9 @@ def config_profile_key(vllm_config) -> str:
     """profile_key for a running engine: its model, dtype, max_num_seqs and execution mode
     (torch.compile's mode and the CUDA-graph mode, --enforce-eager sets both to none; and
     whether the forward runs at the frame-stack padding)."""
-    mc, cc = vllm_config.model_config, vllm_config.compilation_config
     from .patches import frame_stack
 
+    mc, cc = vllm_config.model_config, vllm_config.compilation_config
     execution = (f"compile={getattr(cc.mode, 'name', cc.mode)},"
                  f"graphs={getattr(cc.cudagraph_mode, 'name', cc.cudagraph_mode)},"
                  f"frames={'padded' if frame_stack.active() else 'as-called'}")

@@ -21,7 +21,7 @@ def register() -> None:
     _state["registered"] = True
     import vllm
 
-    from .config import ACTIVE_ENV, FRAME_STACK_ENV, supported_range, vllm_version_ok
+    from .config import ACTIVE_ENV, supported_range, vllm_version_ok
     from .patches import adaptive_gate, cpu_expand_batch, v1_gate
 
     ok = vllm_version_ok(vllm.__version__)
@@ -36,19 +36,16 @@ def register() -> None:
         adaptive_gate.apply()
     if ok and os.environ.get(ACTIVE_ENV) == "1":
         install_engine_patches()
-    # The CPython frame-stack fix (patches/frame_stack.py) is every CPU engine's: DSpark
-    # engines get it below, the rest only when asked (a benchmark's plain decoding, say).
-    if ok and os.environ.get(FRAME_STACK_ENV) == "1":
+    if ok:  # the CPython frame-stack fix, for engines that are not DSpark's when asked
         from .patches import frame_stack
 
-        frame_stack.apply()
+        frame_stack.apply_if_wanted(dspark_engine=False)
 
 
 def install_engine_patches() -> None:
     if _state["engine"]:
         return
     _state["engine"] = True
-    from .config import FRAME_STACK_ENV
     from .patches import (cost_profile, cpu_seeded_sampling, draft_confidences,
                           draft_handover, frame_stack, undrafted_inputs, v1_drafter,
                           zero_draft_sampling)
@@ -60,6 +57,5 @@ def install_engine_patches() -> None:
     undrafted_inputs.apply()
     cpu_seeded_sampling.apply()
     cost_profile.apply()
-    if os.environ.get(FRAME_STACK_ENV) != "0":
-        frame_stack.apply()
+    frame_stack.apply_if_wanted(dspark_engine=True)
     log.info("dspark-vllm: DSpark proposer installed on the V1 model runner")

@@ -92,3 +92,18 @@ def test_the_patched_forward_returns_the_models_output_and_settles_per_call_site
     assert out[-1] == {"input_ids": out[-1]["input_ids"], "positions": -out[-1]["input_ids"],
                        "intermediate_tensors": None, "inputs_embeds": None}
     assert [o["input_ids"] for o in out] == list(range(len(out)))
+
+
+@pytest.mark.parametrize("env, dspark, applied", [
+    (None, True, True), ("0", True, False), ("1", True, True),
+    (None, False, False), ("0", False, False), ("1", False, True)])
+def test_dspark_engines_get_the_fix_unless_switched_off_others_when_asked(
+        env, dspark, applied, monkeypatch):
+    calls = []
+    monkeypatch.setattr(fs, "apply", lambda: calls.append(1))
+    if env is None:
+        monkeypatch.delenv("DSPARK_FRAME_STACK", raising=False)
+    else:
+        monkeypatch.setenv("DSPARK_FRAME_STACK", env)
+    fs.apply_if_wanted(dspark_engine=dspark)
+    assert bool(calls) is applied

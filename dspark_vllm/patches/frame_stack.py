@@ -18,6 +18,7 @@ Python frame.
 from __future__ import annotations
 
 import functools
+import os
 import resource
 import sys
 
@@ -88,6 +89,17 @@ def settled(site) -> bool:
     """Is the padding for `site` chosen? (Calibrate by calling through `site` until it is,
     from the frame the later calls come from: the padding is right for that depth only.)"""
     return site in _choosers and _choosers[site].chosen is not None
+
+
+def apply_if_wanted(dspark_engine: bool) -> None:
+    """Who gets the fix (config.FRAME_STACK_ENV): DSpark engines unless it is "0"; any
+    engine when it is "1" (a benchmark's plain decoding, so no server wins or loses by its
+    call depth)."""
+    from ..config import FRAME_STACK_ENV
+
+    wanted = os.environ.get(FRAME_STACK_ENV)
+    if wanted == "1" or (dspark_engine and wanted != "0"):
+        apply()
 
 
 def apply() -> None:
