@@ -275,11 +275,12 @@ def write_report(out: Path, results: dict, poisson: float | None = None,
                          f"{f(g['drafted_share'] and 100 * g['drafted_share'], '.0f')} |")
         lines += ["", "Batch: the gate's load bucket (13-16 requests file under 16). The ledger "
                   "column is over the instance's whole life, every concurrency it served."]
-        src = ("prediction", "verdict", "exploration", "arrivals")
-        lines += ["", "What set each step's drafting state (steps drafted / undrafted; arrivals: "
-                  "planned drafting called off because requests arrived past where it pays):", "",
+        src = ("prediction", "verdict", "lean", "exploration", "arrivals")
+        lines += ["", "What set each step's drafting state (steps drafted / undrafted; lean: a "
+                  "busy load's unsure verdict, leaning; arrivals: planned drafting called off "
+                  "because requests arrived past where it pays):", "",
                   "| config | instance | verdict by | " + " | ".join(src) + " |",
-                  "|---|---|---|---|---|---|---|"]
+                  "|---" * (3 + len(src)) + "|"]
         for name, r in results.items():
             for i, st in enumerate(r.get("instance_status") or []):
                 gate = (st or {}).get("gate") or {}

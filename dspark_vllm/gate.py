@@ -92,6 +92,13 @@ PROVE_MIN_BATCH = 9  # from this load up, drafting the prediction is unsure of (
     # at 5-8 drafting made 1.10-1.48x, and from 4 requests up (tried first) the pairs' noise
     # at 4 left the verdict unsure and drafting off (0.12 verified drafts a request-step at 4
     # requests, 1.91 in the 2026-12-04 sweep)
+LEAN_Z = 1.0  # from PROVE_MIN_BATCH up, while the verdict is unsure: draft if the measured
+    # win clears the tie margin by this many standard errors (about 5 in 6 one-sided). At
+    # PAIRS_KEPT pairs of this noise Z_SURE proves no win under ~1.14x: served at 16 requests
+    # (bf16, AMX, 2026-12-06) the pairs read 1.12x +- 5% (11 pairs), unsure, and drafting
+    # stayed off for 78% of the steps that the step trace measured drafted at 1.17x undrafted
+    # (0.93x K = 2's throughput). The instance above that drafted at a loss (1.04x +- 7%)
+    # stays off: 1.04x is within one standard error of the tie margin
 
 
 # Student's t at 97.5% by degrees of freedom (1-15: PAIRS_KEPT pairs at most); 1.96 beyond.
@@ -168,18 +175,22 @@ class RealisedRates:
         var = max(var, (RATE_CV_FLOOR * mean) ** 2)
         return math.sqrt(var * max(self.weight / (2.0 - self.weight), 1.0 / n))
 
-    def verdict(self, batch: int) -> bool | None:
+    def verdict(self, batch: int, z: float | None = None) -> bool | None:
         """Does drafting produce more tokens per second at this load? False: it does not
-        win by the tie margin; True: it wins by more than Z_SURE standard errors beyond
-        the margin; None: not measured, or a win the arms' noise could explain (the caller
-        falls back on its prediction)."""
+        win by the tie margin; True: it wins by more than Z_SURE (or `z`) standard errors
+        beyond the margin; None: not measured, or a win the arms' noise could explain (the
+        caller falls back on its prediction)."""
         on, off = self.rate(batch, True), self.rate(batch, False)
         if on is None or off is None:
             return None
         noise = math.hypot(self._stderr(batch, True),
                            (1.0 + self.tie_margin) * self._stderr(batch, False))
-        return judge(on - off * (1.0 + self.tie_margin), noise, self.z,
+        return judge(on - off * (1.0 + self.tie_margin), noise, self.z if z is None else z,
                      off * (self.margin - 1.0 - self.tie_margin))
+
+    def leans(self, batch: int) -> bool:
+        """An unsure verdict's lean: a win beyond LEAN_Z standard errors."""
+        return self.verdict(batch, LEAN_Z) is True
 
     def gain(self, batch: int) -> float | None:
         """Measured tokens per second drafting over not drafting at this load; None until
@@ -337,13 +348,18 @@ class PairedBursts:
         sd = math.sqrt(sum((x - mean) ** 2 for x in g) / (n - 1)) / mean
         return n, math.log(mean), max(sd, self.sd_floor) / math.sqrt(n) * t_widen(n - 1)
 
-    def verdict(self, batch: int) -> bool | None:
+    def verdict(self, batch: int, z: float | None = None) -> bool | None:
         """Does drafting produce more tokens per second at this load, burst by burst?
         False: the mean gain is under the tie margin and their spread rules out
-        EXPLORE_MARGIN's gain; True: over it by Z_SURE standard errors; None: too few
-        pairs, or a loss or win their spread could explain."""
+        EXPLORE_MARGIN's gain; True: over it by Z_SURE (or `z`) standard errors; None: too
+        few pairs, or a loss or win their spread could explain."""
         s = self.summary(batch)
-        return None if s is None else judge(s[1] - self.tie, s[2], self.z, self.headroom)
+        return None if s is None else judge(s[1] - self.tie, s[2], self.z if z is None else z,
+                                            self.headroom)
+
+    def leans(self, batch: int) -> bool:
+        """An unsure verdict's lean: a win beyond LEAN_Z standard errors."""
+        return self.verdict(batch, LEAN_Z) is True
 
     def gain(self, batch: int) -> float | None:
         s = self.summary(batch)

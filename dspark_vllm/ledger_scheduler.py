@@ -36,7 +36,8 @@ class StepTrace:
     """Every finished step as one JSON line: `t` (wall clock at its end), `kind`, `batch`
     (requests scheduled), `waiting` (requests queued behind them), `tokens` (scheduled),
     `prefill` (tokens of prefill chunks), `verified` (draft tokens sent to verification),
-    `slots` (draft slots the step drafted), `generated` and `seconds` (the model step).
+    `slots` (draft slots the step drafted), `generated` and `seconds` (the model step),
+    and what a subclass adds (LedgerScheduler._trace_fields).
     Line-buffered: a trace read while the server runs is whole up to its last step."""
 
     def __init__(self, directory: str) -> None:
@@ -119,8 +120,14 @@ class LedgerScheduler(Scheduler):
                              waiting=len(self.waiting),
                              tokens=scheduler_output.total_num_scheduled_tokens,
                              prefill=prefill, verified=sum(len(v) for v in specs.values()),
-                             slots=self._step_slots, generated=tokens, seconds=round(seconds, 5))
+                             slots=self._step_slots, generated=tokens, seconds=round(seconds, 5),
+                             **self._trace_fields())
         return prefill, tokens
+
+    def _trace_fields(self) -> dict:
+        """Hook: more fields for this step's trace row (DSparkScheduler: the plan that set
+        its draft length)."""
+        return {}
 
     def _status(self) -> dict:
         return {"steps_by_kind": self.ledger.table(), "steps_by_load": self.ledger.by_load(),

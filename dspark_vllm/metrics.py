@@ -219,8 +219,9 @@ class DSparkCollector:
         if decided:
             fam = CounterMetricFamily("dspark_gate_decisions",
                                       "Steps by what set their drafting state: the predicted "
-                                      "gain, the measured verdict, an exploration burst, or "
-                                      "arrivals (planned drafting called off as the load rose).",
+                                      "gain, the measured verdict, its lean where a busy load's "
+                                      "verdict is unsure, an exploration burst, or arrivals "
+                                      "(planned drafting called off as the load rose).",
                                       labels=["source", "state"])
             for source, states in decided.items():
                 for state, n in states.items():

@@ -69,6 +69,7 @@ class DSparkScheduler(LedgerScheduler):
         self.draft_len = self.max_drafts  # slots drafted per request next step
         self._planned_for = 0  # the running requests the draft length was planned for
         self._source: str | None = None  # what set it, while its count stands (decided_by)
+        self._plan: dict = {}  # the plan that set it, for the step trace (_trace_fields)
         log.info("DSpark load-aware budget: policy=%s, step price %s, cost %s (%s)", self.policy,
                  "hull" if self.hull else "envelope", self.cost_model.cost,
                  "profiled" if self.cost_model.profile else "prior")
@@ -132,17 +133,18 @@ class DSparkScheduler(LedgerScheduler):
         super().update_draft_token_ids(draft_token_ids)
 
     def _gate_choice(self, counts, num_running: int, token_budget: int):
-        """-> (draft length, predicted gain, verdict, the verdict where it decides (else
-        None), whether to draft) at `num_running`
+        """-> (draft length, predicted gain, verdict, what decided: "verdict", "lean" or
+        "prediction", whether to draft) at `num_running`
         requests: the measured verdict (gate.PairedBursts, or the arms with
         DSPARK_GATE_VERDICT=arms) where the predicted gain (budget.plan_draft) is unsure,
         else the prediction. Measurement overrules the prediction only there: a rare batch
         size's few samples (first-shape warm-up, a closed loop's tail) must not switch
         drafting off for a quiet engine where it clearly pays. Where the measurement is
-        unsure too (verdict None): from PROVE_MIN_BATCH requests up, do not draft until a
-        measured win (exploration bursts measure it); below, the prediction must clear the
-        tie margin: a drafting run pays transitions neither cost line sees. Under
-        LOSS_MIN_BATCH requests a measured loss counts as unsure: only a win is taken."""
+        unsure too (verdict None): from PROVE_MIN_BATCH requests up, do not draft until the
+        measurement leans to a win (gate.LEAN_Z; exploration bursts measure it); below, the
+        prediction must clear the tie margin: a drafting run pays transitions neither cost
+        line sees. Under LOSS_MIN_BATCH requests a measured loss counts as unsure: only a
+        win is taken."""
         length, gain = plan_from_mean(self._pool.mean(), counts, num_running,
                                       self.cost_model.cost, self.draft_cost.cost, token_budget,
                                       self.max_drafts, DRAFT_HEADROOM, self.hull)
@@ -156,14 +158,11 @@ class DSparkScheduler(LedgerScheduler):
         # is off the pool empties as its requests finish, and each time it did, the gate
         # drafted again on no evidence (README, 2026-12-05).
         unsure = gain < EXPLORE_MARGIN or (math.isinf(gain) and busy)
-        measured = verdict if unsure else None
-        if measured is not None:
-            chosen = measured
-        elif gain < EXPLORE_MARGIN and busy:
-            chosen = False  # a busy load: an unsure gain must be measured first (gate.py)
-        else:
-            chosen = gain > 1.0 + TIE_MARGIN
-        return length, gain, verdict, measured, chosen
+        if unsure and verdict is not None:
+            return length, gain, verdict, "verdict", verdict
+        if gain < EXPLORE_MARGIN and busy:  # an unsure gain must be measured first (gate.py)
+            return length, gain, verdict, "lean", self.measure.leans(num_running)
+        return length, gain, verdict, "prediction", gain > 1.0 + TIE_MARGIN
 
     def _plan_next_draft(self, surv, counts, num_running: int, token_budget: int,
                          req_ids=()) -> None:
@@ -173,9 +172,10 @@ class DSparkScheduler(LedgerScheduler):
         self._pool.add(req_ids, surv)
         if not num_running:
             self._source = None  # the standing draft length was counted for an earlier step
+            self._plan = {}
             return
-        length, gain, verdict, measured, chosen = self._gate_choice(counts, num_running,
-                                                                    token_budget)
+        length, gain, verdict, decided, chosen = self._gate_choice(counts, num_running,
+                                                                   token_budget)
         # A clear measured win is not re-checked either: each burst at one request costs
         # half its steps' tokens. Until a load is judged, its bursts come sooner.
         on = self.explorer.decide(chosen, gain, self.measure.gain(num_running), num_running,
@@ -185,10 +185,19 @@ class DSparkScheduler(LedgerScheduler):
         # What set this state, counted per step (status, /metrics): where drafting ran on
         # a prediction the arms never confirmed, or on exploration alone, shows here.
         self._burst_next = self.explorer.probing
-        source = ("exploration" if self._burst_next else
-                  "verdict" if measured is not None else "prediction")
+        source = "exploration" if self._burst_next else decided
         self._source = source
         self.decided_by.setdefault(source, [0, 0])[int(self.draft_len > 0)] += 1
+        if self.trace is not None:
+            self._plan = self._plan_row(gain, source, num_running, length)
+
+    def _plan_row(self, gain: float, source: str, num_running: int, length: int) -> dict:
+        mean = self._pool.mean()
+        return {"gain": round(gain, 4) if math.isfinite(gain) else None, "source": source,
+                "planned_for": num_running, "length": length,
+                "step_s": round(self.cost_model.cost.seconds(num_running), 5),
+                "draft_s": round(self.draft_cost.cost.seconds(num_running * length), 5),
+                "mean": None if mean is None else [round(a, 3) for a in mean]}
 
     def _recheck_arrivals(self, batch: int) -> None:
         """The plan was made for the requests running after the last step; requests that
@@ -200,10 +209,13 @@ class DSparkScheduler(LedgerScheduler):
         batch's size and past steps only, never a draft's outcome."""
         if not self.draft_len or self._burst_next or bucket(batch) <= bucket(self._planned_for):
             return
-        *_, chosen = self._gate_choice([], batch, self.max_num_scheduled_tokens)
+        _, gain, *_, chosen = self._gate_choice([], batch, self.max_num_scheduled_tokens)
         self._planned_for = batch
         if chosen:
             return
+        if self.trace is not None:
+            self._plan = {**self._plan, "source": "arrivals", "planned_for": batch,
+                          "gain": round(gain, 4) if math.isfinite(gain) else None}
         self.draft_len = self.stats.draft_len = 0
         if self._source is not None:  # the plan counted this step as drafting
             self.decided_by[self._source][1] -= 1
@@ -259,6 +271,13 @@ class DSparkScheduler(LedgerScheduler):
         self.paired.observe(self._burst, batch, drafted, tokens if clean else None, seconds)
         if clean:  # not a transition, no prefill tokens in the step
             self.rates.observe(batch, drafted, tokens, seconds)
+
+    def _trace_fields(self) -> dict:
+        """The plan that set this step's draft length: predicted gain (null: no evidence,
+        infinite), what decided (`source`, as decided_by), the load it was planned for and
+        the predicted seconds of an undrafted step and of the draft pass (`step_s`,
+        `draft_s`) and the pool's mean survival curve it read."""
+        return self._plan
 
     def _free_request(self, request, *args, **kwargs):
         self._admitted.pop(request.request_id, None)

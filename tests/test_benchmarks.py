@@ -249,7 +249,7 @@ def test_gate_rows_put_the_gates_readings_beside_the_ledger(tmp_path):
     write_report(tmp_path, results)
     text = (tmp_path / "sweep.md").read_text()
     assert "| dspark | 2 | 16 | 1.20 | 0.97x (±2%, 5) | 0.91 | 25 |" in text
-    assert "| dspark | 2 | paired | 7 / 2 | 0 / 0 | 0 / 4 |" in text
+    assert "| dspark | 2 | paired | 7 / 2 | 0 / 0 | 0 / 0 | 0 / 4 | 0 / 0 |" in text
     assert "Closed loop: conc users" in text and "cores, float32)" in text.splitlines()[0]
     write_report(tmp_path, results, poisson=0.065, dtype="bfloat16")  # load and dtype named
     text = (tmp_path / "sweep.md").read_text()

@@ -350,7 +350,7 @@ def test_status_view_and_metrics(adaptive):
     assert any((a["drafted_tok_s"] or 0) > 0 for a in arms.values()), arms
     # Every planned step was counted under what set its state, from the known sources.
     decided = status["status"]["gate"]["decided_by"]
-    assert set(decided) <= {"prediction", "verdict", "exploration", "arrivals"}, decided
+    assert set(decided) <= {"prediction", "verdict", "lean", "exploration", "arrivals"}, decided
     assert sum(v["drafted"] for v in decided.values()) > 0, decided
     # Bursts spent judging a new load sooner: per load bucket, never past the cap.
     from dspark_vllm.gate import WARM_BURSTS

@@ -233,7 +233,8 @@ def test_the_step_trace_writes_every_step_as_a_json_line(tmp_path, monkeypatch):
     from dspark_vllm.ledger_scheduler import LedgerScheduler, StepTrace
 
     fake = SimpleNamespace(ledger=StepLedger(), running=[object()], waiting=[object()] * 3,
-                           _step_slots=8, trace=StepTrace(str(tmp_path / "trace")))
+                           _step_slots=8, trace=StepTrace(str(tmp_path / "trace")),
+                           _trace_fields=lambda: {"gain": 1.25})  # a subclass's fields
     LedgerScheduler._file_step(fake, _step(4, 2, prefill=30), [[1, 2, 3]] * 4, 0.25, True)
     LedgerScheduler._file_step(fake, _step(4, 0), [[1]] * 4, 0.1, False)
     rows = [json.loads(line) for line in
@@ -243,6 +244,7 @@ def test_the_step_trace_writes_every_step_as_a_json_line(tmp_path, monkeypatch):
                                     "slots", "generated", "seconds")} == {
         "batch": 5, "waiting": 3, "tokens": 42, "prefill": 30, "verified": 8, "slots": 8,
         "generated": 12, "seconds": 0.25}
+    assert rows[0]["gain"] == rows[1]["gain"] == 1.25
     (tmp_path / "file").write_text("")
     with pytest.raises(ValueError, match="DSPARK_STEP_TRACE=.*file.*writable directory"):
         StepTrace(str(tmp_path / "file"))
@@ -292,10 +294,32 @@ def _fake_scheduler(pool):
                            draft_cost=CostModel(prior=DRAFT), max_drafts=7, hull=True,
                            rates=RealisedRates(min_samples=1), explorer=Explorer(every=10_000),
                            paired=PairedBursts(),
-                           stats=SimpleNamespace(draft_len=7), draft_len=7, decided_by={})
+                           stats=SimpleNamespace(draft_len=7), draft_len=7, decided_by={},
+                           trace=None, _plan={})
     fake.measure = fake.rates
+    fake._plan_row = lambda *a: DSparkScheduler._plan_row(fake, *a)
     fake._gate_choice = lambda *a: DSparkScheduler._gate_choice(fake, *a)
     return fake
+
+
+def test_a_traced_step_carries_the_plan_that_set_its_draft_length():
+    from dspark_vllm.scheduler import DSparkScheduler
+
+    pool = [survival([0.9] * 7)] * 8
+    fake = _fake_scheduler(pool)
+    DSparkScheduler._plan_next_draft(fake, [], [], 1, 10_000)
+    assert DSparkScheduler._trace_fields(fake) == {}  # no trace: nothing is built
+    fake.trace = object()
+    DSparkScheduler._plan_next_draft(fake, [], [], 1, 10_000)
+    row = DSparkScheduler._trace_fields(fake)
+    length, gain = plan_draft(pool, [], 1, COST, DRAFT, 10_000, 7)
+    assert row["gain"] == round(gain, 4) and row["length"] == length == fake.draft_len
+    assert row["source"] == "prediction" and row["planned_for"] == 1
+    assert row["step_s"] == round(COST.seconds(1), 5)
+    assert row["draft_s"] == round(DRAFT.seconds(length), 5)
+    assert row["mean"] == [round(a, 3) for a in survival([0.9] * 7)]
+    DSparkScheduler._plan_next_draft(fake, [], [], 0, 10_000)  # idle: no plan stands
+    assert DSparkScheduler._trace_fields(fake) == {}
 
 
 def test_measurement_overrules_only_an_unsure_prediction():

@@ -133,10 +133,10 @@ def test_the_scheduler_tags_burst_steps_and_counts_what_decided():
     for _ in range(40):
         plan(fake, [], [], 16, 10_000)
         bursts.append(fake._burst_next)
-    # Nothing measured at a busy load: the unsure prediction does not draft; every 8 steps
-    # a burst of 4 does, to measure it.
+    # Nothing measured at a busy load: the unsure prediction does not draft (nothing to
+    # lean on); every 8 steps a burst of 4 does, to measure it.
     assert sum(bursts) == 4 * fake.explorer.bursts and fake.explorer.bursts >= 2
-    assert fake.decided_by["prediction"] == [40 - sum(bursts), 0]
+    assert fake.decided_by["lean"] == [40 - sum(bursts), 0]
     assert fake.decided_by["exploration"] == [0, sum(bursts)]
 
 
@@ -175,6 +175,38 @@ def test_the_paired_verdict_can_drive_the_gate():
         _run(fake.paired, [(False, 16, False, 100.0)] * 3 + _burst(16, True, [100.0] * 3))
     plan(fake, [], [], 16, 10_000)
     assert fake.draft_len == 0 and fake.decided_by["verdict"] == [1, 1]
+
+
+def test_a_busy_load_drafts_on_an_unsure_verdict_only_where_it_leans_to_a_win():
+    """gate.LEAN_Z: at 16 requests pairs of 1.12x +- 5% (served, 2026-12-06) are unsure at
+    Z_SURE but lean to a win: draft. 1.04x with the same spread leans nowhere: stay off."""
+    import math
+
+    from dspark_vllm.gate import LEAN_Z, PROVE_MIN_BATCH, Z_SURE
+    from dspark_vllm.scheduler import DSparkScheduler
+
+    assert LEAN_Z < Z_SURE
+    p = next(p / 100 for p in range(30, 100)
+             if 1.05 < plan_draft([survival([p / 100] * 7)] * 8, [], 16, COST, DRAFT, 10_000,
+                                  7)[1] < 1.3)
+    for gain, drafts in ((1.125, True), (1.04, False)):
+        fake = _fake_scheduler([survival([p] * 7)] * 8)
+        fake.measure = fake.paired
+        fake.paired.pairs[16] = [math.log(gain) + d for d in (0.17, -0.17) * 5 + (0.0,)]
+        _, mean, err = fake.paired.summary(16)
+        assert abs(math.exp(mean) - gain) < 0.02 and 0.04 < err < 0.07  # ~5%, 11 pairs
+        assert fake.paired.verdict(16) is None  # unsure at Z_SURE either way
+        assert fake.paired.leans(16) is drafts
+        DSparkScheduler._plan_next_draft(fake, [], [], 16, 10_000)
+        assert (fake.draft_len > 0) is drafts
+        assert fake.decided_by == {"lean": [int(not drafts), int(drafts)]}
+    # Below PROVE_MIN_BATCH the prediction decides, as before: no lean.
+    fake = _fake_scheduler([survival([p] * 7)] * 8)
+    fake.measure = fake.paired
+    fake.paired.pairs[4] = [math.log(1.04) + d for d in (0.17, -0.17) * 5 + (0.0,)]
+    assert PROVE_MIN_BATCH > 4
+    DSparkScheduler._plan_next_draft(fake, [], [], 4, 10_000)
+    assert "lean" not in fake.decided_by
 
 
 def test_a_measured_loss_does_not_switch_a_quiet_engine_off():
