@@ -232,7 +232,9 @@ class Explorer:
         sure. `batch`: the running requests, whose bucket keeps its own interval.
         `judged`: whether the measured verdict at this load is in (False, at warm_min_batch
         requests or more: bursts come every warm_every steps, up to warm_bursts of them, so
-        it comes in sooner)."""
+        it comes in sooner, then every `every` steps, the interval not growing, until it is).
+        Served at 16 requests (2026-12-06) the interval grew to 512 steps while the verdict
+        was unsure, and the pairs reached 9 only by the end of the run."""
         self.probing = bool(self.left)
         if self.left:
             self.left -= 1
@@ -242,8 +244,11 @@ class Explorer:
             probed, before = self._probe
             self._probe = None
             if probed == key:
+                # An unjudged busy load's bursts confirm nothing: they are its measurement
+                # (gate.LEAN_Z reads them), so they keep coming every `every` steps.
+                confirmed = on == before and (judged or key < self.warm_min_batch)
                 grown = min(2 * self.interval.get(key, self.every), self.max_every)
-                self.interval[key] = grown if on == before else self.every
+                self.interval[key] = grown if confirmed else self.every
         self.streak += 1
         sure = gain >= self.margin or (measured is not None and measured >= self.measured_margin)
         unsure = not on or not sure

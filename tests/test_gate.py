@@ -150,6 +150,22 @@ def test_bursts_come_sooner_until_the_load_is_judged_and_at_most_warm_bursts_tim
     assert 2 not in ex.warm
 
 
+def test_an_unjudged_busy_load_keeps_its_bursts_coming():
+    def starts(batch, judged):
+        ex = Explorer(every=4, burst=2, margin=1.3, max_every=16, warm_bursts=0)
+        out, prev = [], False
+        for i in range(60):
+            state = ex.decide(False, 0.8, batch=batch, judged=judged)
+            if state and not prev:
+                out.append(i)
+            prev = state
+        return out
+
+    assert starts(16, judged=True) == [3, 12, 29, 46]  # confirmed "off": the interval grows
+    assert starts(16, judged=False) == list(range(3, 60, 5))  # measuring: the interval stays 4
+    assert starts(2, judged=False) == [3, 12, 29, 46]  # under warm_min_batch: as judged
+
+
 def test_a_burst_keeps_its_arm_when_the_verdict_flips_mid_burst():
     ex = Explorer(every=2, burst=3)
     assert ex.decide(False, 0.5) is False
