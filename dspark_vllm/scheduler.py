@@ -214,8 +214,7 @@ class DSparkScheduler(LedgerScheduler):
         if chosen:
             return
         if self.trace is not None:
-            self._plan = {**self._plan, "source": "arrivals", "planned_for": batch,
-                          "gain": round(gain, 4) if math.isfinite(gain) else None}
+            self._plan = self._plan_row(gain, "arrivals", batch, self.draft_len)
         self.draft_len = self.stats.draft_len = 0
         if self._source is not None:  # the plan counted this step as drafting
             self.decided_by[self._source][1] -= 1

@@ -307,8 +307,11 @@ def test_planned_drafting_is_called_off_when_arrivals_lift_the_load_past_a_loss(
     fake = planned_at_one()
     recheck(fake, 3)  # 3 requests: a quiet load, the prediction there still says draft
     assert fake.draft_len > 0 and "arrivals" not in fake.decided_by
+    fake.trace, length = object(), fake.draft_len  # traced: the step's row says why
     recheck(fake, 16)  # unmeasured at 16, a thin predicted gain: called off
     assert fake.draft_len == 0 and fake.decided_by["arrivals"] == [1, 0]
+    assert {k: fake._plan[k] for k in ("source", "planned_for", "length")} == {
+        "source": "arrivals", "planned_for": 16, "length": length}
     fake = planned_at_one()
     for _ in range(3):  # three bursts at 16, each well ahead of the steps before it: a win
         _run(fake.paired, [(False, 16, False, 100.0)] * 3 + _burst(16, True, [160.0] * 3))
