@@ -84,7 +84,8 @@ LOSS_MIN_BATCH = WARM_MIN_BATCH  # below this load a measured loss does not swit
     # false "do not draft" at low load costs a third of a user's speed; a false "draft" is
     # bounded by the prediction, which already reads the drafter's confidences
 PROVE_MIN_BATCH = 9  # from this load up, drafting the prediction is unsure of (gain under
-    # EXPLORE_MARGIN) waits for a measured win: unmeasured, the tie goes to the cheaper path.
+    # EXPLORE_MARGIN) waits for the measurement to lean to a win (LEAN_Z): unmeasured, the
+    # tie goes to the cheaper path.
     # Served at 9-14 requests (16-request windows draining, 2026-12-05) drafted steps made
     # 0.92-1.05x plain's tokens per second at the same batch while the prediction read
     # 1.11-1.22x at 12 (step traces, README), and one instance whose pairs stayed unsure (1.04x +- 7%,
@@ -128,6 +129,12 @@ def judge(excess: float, noise: float, z: float = Z_SURE,
     if excess <= 0:
         return False if excess + z * noise < headroom else None
     return True if excess > z * noise else None
+
+
+def leans(measure, batch: int) -> bool:
+    """An unsure verdict's lean at this load: drafting wins beyond LEAN_Z standard errors
+    (by the same rule, judge, as the verdict; `measure`: RealisedRates or PairedBursts)."""
+    return measure.verdict(batch, LEAN_Z) is True
 
 
 def bucket(batch: int) -> int:
@@ -188,10 +195,6 @@ class RealisedRates:
         return judge(on - off * (1.0 + self.tie_margin), noise, self.z if z is None else z,
                      off * (self.margin - 1.0 - self.tie_margin))
 
-    def leans(self, batch: int) -> bool:
-        """An unsure verdict's lean: a win beyond LEAN_Z standard errors."""
-        return self.verdict(batch, LEAN_Z) is True
-
     def gain(self, batch: int) -> float | None:
         """Measured tokens per second drafting over not drafting at this load; None until
         both arms hold MIN_SAMPLES."""
@@ -240,20 +243,19 @@ class Explorer:
             self.left -= 1
             return self.arm
         key = bucket(batch) if batch > 0 else 0
+        measuring = not judged and key >= self.warm_min_batch  # a busy load, unjudged
         if self._probe is not None:  # the first decision after a burst: did it change ours?
             probed, before = self._probe
             self._probe = None
             if probed == key:
                 # An unjudged busy load's bursts confirm nothing: they are its measurement
                 # (gate.LEAN_Z reads them), so they keep coming every `every` steps.
-                confirmed = on == before and (judged or key < self.warm_min_batch)
                 grown = min(2 * self.interval.get(key, self.every), self.max_every)
-                self.interval[key] = grown if confirmed else self.every
+                self.interval[key] = grown if on == before and not measuring else self.every
         self.streak += 1
         sure = gain >= self.margin or (measured is not None and measured >= self.measured_margin)
         unsure = not on or not sure
-        warming = (not judged and key >= self.warm_min_batch
-                   and self.warm.get(key, 0) < self.warm_bursts)
+        warming = measuring and self.warm.get(key, 0) < self.warm_bursts
         if unsure and self.streak >= (self.warm_every if warming else
                                       self.interval.get(key, self.every)):
             self.streak, self.left, self.arm = 0, self.burst - 1, not on
@@ -361,10 +363,6 @@ class PairedBursts:
         s = self.summary(batch)
         return None if s is None else judge(s[1] - self.tie, s[2], self.z if z is None else z,
                                             self.headroom)
-
-    def leans(self, batch: int) -> bool:
-        """An unsure verdict's lean: a win beyond LEAN_Z standard errors."""
-        return self.verdict(batch, LEAN_Z) is True
 
     def gain(self, batch: int) -> float | None:
         s = self.summary(batch)

@@ -22,7 +22,7 @@ from .budget import (AcceptanceEstimator, ConfidenceDrift, SurvivalPool, admit_g
 from .config import DRIFT_ENV, GATE_ENV, PRICE_ENV, WARM_ENV
 from .cost_model import DRAFT_PRIOR, CostModel, config_profile_key, profile_path
 from .gate import (EXPLORE_MARGIN, LOSS_MIN_BATCH, PROVE_MIN_BATCH, TIE_MARGIN, WARM_BURSTS,
-                   Explorer, PairedBursts, RealisedRates, bucket)
+                   Explorer, PairedBursts, RealisedRates, bucket, leans)
 from .ledger_scheduler import LedgerScheduler
 
 log = logging.getLogger("vllm.dspark.scheduler")
@@ -161,7 +161,7 @@ class DSparkScheduler(LedgerScheduler):
         if unsure and verdict is not None:
             return length, gain, verdict, "verdict", verdict
         if gain < EXPLORE_MARGIN and busy:  # an unsure gain must be measured first (gate.py)
-            return length, gain, verdict, "lean", self.measure.leans(num_running)
+            return length, gain, verdict, "lean", leans(self.measure, num_running)
         return length, gain, verdict, "prediction", gain > 1.0 + TIE_MARGIN
 
     def _plan_next_draft(self, surv, counts, num_running: int, token_budget: int,

@@ -182,7 +182,7 @@ def test_a_busy_load_drafts_on_an_unsure_verdict_only_where_it_leans_to_a_win():
     Z_SURE but lean to a win: draft. 1.04x with the same spread leans nowhere: stay off."""
     import math
 
-    from dspark_vllm.gate import LEAN_Z, PROVE_MIN_BATCH, Z_SURE
+    from dspark_vllm.gate import LEAN_Z, PROVE_MIN_BATCH, Z_SURE, leans
     from dspark_vllm.scheduler import DSparkScheduler
 
     assert LEAN_Z < Z_SURE
@@ -196,7 +196,7 @@ def test_a_busy_load_drafts_on_an_unsure_verdict_only_where_it_leans_to_a_win():
         _, mean, err = fake.paired.summary(16)
         assert abs(math.exp(mean) - gain) < 0.02 and 0.04 < err < 0.07  # ~5%, 11 pairs
         assert fake.paired.verdict(16) is None  # unsure at Z_SURE either way
-        assert fake.paired.leans(16) is drafts
+        assert leans(fake.paired, 16) is drafts
         DSparkScheduler._plan_next_draft(fake, [], [], 16, 10_000)
         assert (fake.draft_len > 0) is drafts
         assert fake.decided_by == {"lean": [int(not drafts), int(drafts)]}
