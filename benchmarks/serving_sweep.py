@@ -256,6 +256,13 @@ def aggregate(runs: list[dict], status: dict | None) -> dict:
     return out
 
 
+def budget_server(spec: dict | None) -> bool:
+    """Does this server run the load-aware budget? (its own scheduler, with the step ledger,
+    and a start-up cost profile, patches/cost_profile.py)"""
+    return bool(spec and spec.get("method") == "dspark"
+                and spec.get("enable_adaptive_verification"))
+
+
 def _server(target, name, spec, out, args, instance: int = 0) -> VllmServer:
     extra = ["--max-num-seqs", str(max(args.concurrency))]
     if not args.prefix_caching:
@@ -267,7 +274,7 @@ def _server(target, name, spec, out, args, instance: int = 0) -> VllmServer:
         extra += ["--no-enable-prefix-caching"]
     if args.executor:
         extra += ["--distributed-executor-backend", args.executor]
-    if args.ledger and not (spec or {}).get("enable_adaptive_verification"):
+    if args.ledger and not budget_server(spec):
         extra += ["--scheduler-cls", LEDGER_SCHEDULER_CLS]  # the budget's scheduler has one
     log = out / (f"{name}.log" if instance == 0 else f"{name}-{instance + 1}.log")
     return VllmServer(target, spec=spec, log_path=log,
@@ -328,7 +335,13 @@ def run_sweep(args) -> dict:
                 print(f"== {name} (server instance {instance[name] + 1}): {cfgs[name]}", flush=True)
                 servers[name] = _server(target, name, cfgs[name], out, args, instance[name])
             t0 = time.time()
-            stack.enter_context(serving(*servers.values()))  # side by side
+            # The budget's servers first, alone: their start-up cost profile is timed on
+            # cores no other server is compiling on (beside them it reads contended, and
+            # on a machine with no cached profile it would be, every sweep). Then the rest,
+            # side by side.
+            first = [s for n, s in servers.items() if budget_server(cfgs[n])]
+            for batch in (first, [s for s in servers.values() if s not in first]):
+                stack.enter_context(serving(*batch))
             print(f"   {len(servers)} up in {time.time() - t0:.0f}s", flush=True)
             for c in args.concurrency:
                 for rep in range(args.repeats):

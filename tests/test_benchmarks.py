@@ -117,6 +117,17 @@ def test_a_second_drafter_is_served_as_its_own_configuration(capsys, tmp_path):
     assert not (tmp_path / "never-written").exists()
 
 
+def test_budget_servers_are_the_ones_with_the_load_aware_budget():
+    """The sweep starts these first, alone, so their start-up cost profile is not timed
+    beside other servers compiling."""
+    from benchmarks.serving_sweep import DRAFTER_B, budget_server, configs
+
+    cfgs = configs("A", "no-head-here", (2, 3), drafter_b="B")
+    budget = {n for n, spec in cfgs.items() if budget_server(spec)}
+    assert {"dspark-adaptive", DRAFTER_B} <= budget
+    assert not budget & {"no-spec", "dspark-k2", "dspark-k3", "vllm-batch-schedule"}
+
+
 def test_eager_controls_serve_their_base_configuration_with_enforce_eager(tmp_path):
     """Servers are compiled (vLLM's default) unless --eager; the -eager controls, named only,
     serve the same configuration eagerly beside them."""

@@ -117,6 +117,26 @@ def test_a_contended_profile_is_used_once_but_not_trusted(tmp_path):
     assert CostModel.load(path).cost.beta == pytest.approx(0.004)
 
 
+def test_a_contended_profile_is_read_as_its_lower_envelope(tmp_path):
+    """Contention's spikes are not kept as deviations the refit never moves: the profile a
+    budget server took beside three compiling ones (2026-12-06, one request's shapes) had a
+    3-token step at 125 ms, a 4-token one at 29 ms."""
+    spiky = [(1, 0.0405), (2, 0.0405), (3, 0.1253), (4, 0.1121), (4, 0.0287), (8, 0.0319),
+             (16, 0.0403), (32, 0.0640)]
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps({"points": spiky, "contended": True}))
+    cm = CostModel.load(path)
+    assert cm.profile == [(1, 0.0287), (2, 0.0287), (3, 0.0287), (4, 0.0287), (8, 0.0319),
+                          (16, 0.0403), (32, 0.0640)]
+    prices = [cm.cost.seconds(t) for t in (1, 2, 3, 4, 8, 16, 32)]
+    # No size dearer than a larger one, but for the noise a deviation is allowed to ignore.
+    assert all(a <= b * (1 + DEV_MIN_SHARE) for a, b in zip(prices, prices[1:]))
+    assert max(prices[:4]) < 0.030
+    # Trusted, the same points keep the spike: it is taken for a kernel effect.
+    path.write_text(json.dumps({"points": spiky}))
+    assert CostModel.load(path).cost.seconds(3) > 0.1
+
+
 class _FakeRunner:
     """The three runner attributes the start-up profile uses; each dummy step either
     computes (holds the CPU) or sleeps (waits for it, as a step on shared cores does)."""
