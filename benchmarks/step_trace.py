@@ -2,6 +2,7 @@
 
     DSPARK_STEP_TRACE=runs/trace python -m benchmarks.serving_sweep ...   # every server traces
     python -m benchmarks.step_trace runs/trace [more trace directories, pooled]
+    python -m benchmarks.step_trace --by-kind [--min-batch 14] runs/trace   # per file, by kind
 
 Each trace file is one engine process. A file whose steps never drafted nor verified is a
 plain server's; the rest are speculative ones. For each batch size the table sets the plain
@@ -11,20 +12,28 @@ tokens a step and tokens per second, summed over the files of each side. Prefill
 left out (their cost is the prompt's, not the decoding's). This is the view that showed
 drafting level with plain decoding at 9-14 requests while the gate's prediction read a gain
 (README, 2026-12-05).
+
+`--by-kind` reads each file alone, over steps of at least `--min-batch` requests, by step
+kind (prefill or decode, drafted, verified): model milliseconds a step, the engine's time
+around it (from the previous step's end to this one's start), scheduled and generated tokens
+a step and generated tokens per cycle-second. Gzipped traces (`*.jsonl.gz`, as the results
+folders keep them) are read too.
 """
 
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 from collections import defaultdict
 from pathlib import Path
 
 SIDES = ("plain", "drafted", "undrafted")
+IDLE_GAP_S = 0.05  # longer between two steps: the engine waited for requests (not a cycle)
 
 
 def read(path: Path) -> list[dict]:
-    with open(path) as f:
+    with (gzip.open(path, "rt") if path.suffix == ".gz" else open(path)) as f:
         return [json.loads(line) for line in f if line.strip()]
 
 
@@ -55,6 +64,37 @@ def by_batch(files: list[list[dict]]) -> dict[int, dict[str, list[float]]]:
     return dict(sorted(table.items()))
 
 
+def kind(r: dict) -> str:
+    return (("prefill" if r["prefill"] else "decode") + ("+draft" if r["slots"] else "")
+            + ("+verify" if r["verified"] else ""))
+
+
+def by_kind(rows: list[dict], min_batch: int) -> dict[str, list[float]]:
+    """{kind: [steps, model seconds, generated tokens, engine seconds around them, scheduled
+    tokens]} over one file's steps of at least `min_batch` requests; a step after an idle
+    gap (IDLE_GAP_S) is left out."""
+    table: dict[str, list[float]] = defaultdict(lambda: [0, 0.0, 0, 0.0, 0])
+    for prev, r in zip(rows, rows[1:]):
+        gap = r["t"] - prev["t"] - r["seconds"]
+        if r["batch"] < min_batch or gap > IDLE_GAP_S:
+            continue
+        row = table[kind(r)]
+        for i, v in enumerate((1, r["seconds"], r["generated"], gap, r["tokens"])):
+            row[i] += v
+    return dict(sorted(table.items()))
+
+
+def kind_lines(name: str, table: dict[str, list[float]]) -> list[str]:
+    n, s, g, gap, _ = (sum(row[i] for row in table.values()) for i in range(5))
+    out = [f"== {name}: steps {n} model {s:.1f}s gaps {gap:.2f}s tok {g} -> "
+           f"{g / (s + gap) if s + gap else 0:.1f} tok/cycle-s"]
+    for k, (n, s, g, gap, tk) in table.items():
+        out.append(f"   {k:22s} steps {n:5d} model ms {1e3 * s / n:6.1f} gap ms "
+                   f"{1e3 * gap / n:5.2f} sched tok {tk / n:6.1f} gen tok/step {g / n:5.2f} "
+                   f"tok/cycle-s {g / (s + gap):6.1f}")
+    return out
+
+
 def markdown(table: dict[int, dict[str, list[float]]]) -> list[str]:
     def cell(row):
         n, s, t = row
@@ -74,14 +114,24 @@ def markdown(table: dict[int, dict[str, list[float]]]) -> list[str]:
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("trace_dir", nargs="+", help="directories given as DSPARK_STEP_TRACE")
+    ap.add_argument("--by-kind", action="store_true", help="each file alone, by step kind")
+    ap.add_argument("--min-batch", type=int, default=14,
+                    help="with --by-kind: steps of at least this many requests")
     args = ap.parse_args(argv)
     paths = []
     for d in args.trace_dir:
-        found = sorted(Path(d).glob("steps-*.jsonl"))
+        found = sorted([*Path(d).glob("steps-*.jsonl"), *Path(d).glob("*.jsonl.gz")])
         if not found:
             raise SystemExit(f"{d}: no steps-*.jsonl here; serve with DSPARK_STEP_TRACE={d} "
                              "first")
         paths += found
+    if args.by_kind:
+        for path in paths:
+            rows = read(path)
+            name = ("budget" if any("source" in r for r in rows) else
+                    "speculative" if speculative(rows) else "plain")
+            print("\n".join(kind_lines(f"{name} {path.name}", by_kind(rows, args.min_batch))))
+        return
     files = [rows for rows in map(read, paths) if rows]
     kinds = sum(map(speculative, files))
     print(f"{len(files)} traces: {len(files) - kinds} plain, {kinds} speculative\n")

@@ -109,22 +109,26 @@ def contended(cpu_seconds: float, wall_seconds: float, threads: int) -> bool:
     return cpu_seconds / wall_seconds < CONTENDED_SHARE * threads
 
 
-def read_profile(path: Path, *, trusted_only: bool = False) -> list[tuple[int, float]] | None:
-    """The cached start-up profile's (tokens, seconds) points; None when the file is
-    missing or unreadable (then the engine profiles again and overwrites it), and with
-    `trusted_only` also when it was measured under contention."""
+def _profile_file(path: Path) -> tuple[list[tuple[int, float]], bool] | None:
+    """(points, measured under contention) of a cached profile; None when missing or
+    unreadable (then the engine profiles again and overwrites it)."""
     if not path.is_file():
         return None
     try:
         raw = json.loads(path.read_text())
-        points = [(int(t), float(s)) for t, s in raw["points"]]
+        return [(int(t), float(s)) for t, s in raw["points"]], bool(raw.get("contended"))
     except (OSError, ValueError, KeyError, TypeError) as e:
         log.warning("ignoring the corrupt DSpark cost profile %s (%s: %s); it is re-profiled",
                     path, type(e).__name__, e)
         return None
-    if trusted_only and raw.get("contended"):
-        return None
-    return points
+
+
+def read_profile(path: Path, *, trusted_only: bool = False) -> list[tuple[int, float]] | None:
+    """The cached start-up profile's (tokens, seconds) points; None when the file is
+    missing or unreadable, and with `trusted_only` also when it was measured under
+    contention."""
+    got = _profile_file(path)
+    return None if got is None or (trusted_only and got[1]) else got[0]
 
 
 def fastest_by_tokens(points: list[tuple[int, float]]) -> dict[int, float]:
@@ -181,8 +185,8 @@ class CostModel:
 
     @classmethod
     def load(cls, path: Path) -> CostModel:
-        points = read_profile(path) or []
-        return cls(points, contended=bool(points) and read_profile(path, trusted_only=True) is None)
+        points, contended = _profile_file(path) or ([], False)
+        return cls(points, contended=contended)
 
     def observe(self, tokens: int, seconds: float) -> bool:
         """Record one step; returns True when this observation triggered a refit."""

@@ -432,6 +432,34 @@ def test_step_trace_sets_drafted_steps_beside_plain_ones_by_batch(tmp_path, caps
         step_trace.main([str(tmp_path)])
 
 
+def test_step_trace_by_kind_reads_gzipped_traces_and_the_gap_between_steps(tmp_path, capsys):
+    """--by-kind: each file alone, steps of at least --min-batch requests by kind, the engine
+    time between two steps (an idle wait left out); a results folder's gzipped trace too."""
+    import gzip
+    import json
+
+    from benchmarks import step_trace
+
+    def row(t, batch, seconds, slots=0, verified=0, source=None):
+        r = {"t": t, "batch": batch, "prefill": 0, "verified": verified, "slots": slots,
+             "generated": batch, "seconds": seconds, "tokens": batch + verified}
+        return r if source is None else {**r, "source": source}
+
+    rows = [row(0.0, 16, 0.05), row(0.051, 16, 0.05),  # 1 ms around the second
+            row(0.103, 16, 0.05, slots=32, source="lean"),  # 2 ms around a drafted one
+            row(0.5, 16, 0.05),  # after an idle wait: left out
+            row(0.551, 4, 0.05)]  # under --min-batch: left out
+    table = step_trace.by_kind(rows, 14)
+    assert list(table) == ["decode", "decode+draft"]
+    assert table["decode"][:3] == [1, 0.05, 16] and table["decode"][3] == pytest.approx(0.001)
+    assert table["decode+draft"][3] == pytest.approx(0.002)
+    with gzip.open(tmp_path / "adaptive-steps.jsonl.gz", "wt") as f:
+        f.write("".join(json.dumps(r) + "\n" for r in rows))
+    step_trace.main(["--by-kind", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert out.startswith("== budget adaptive-steps.jsonl.gz: steps 2 ")
+
+
 @pytest.mark.parametrize("eager", [True, False])
 def test_engine_profile_builds_an_eager_or_a_compiled_engine(monkeypatch, eager):
     """`--compiled` profiles the engine `vllm serve` runs by default (torch.compile); eager
