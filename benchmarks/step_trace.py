@@ -33,8 +33,12 @@ IDLE_GAP_S = 0.05  # longer between two steps: the engine waited for requests (n
 
 
 def read(path: Path) -> list[dict]:
-    with (gzip.open(path, "rt") if path.suffix == ".gz" else open(path)) as f:
-        return [json.loads(line) for line in f if line.strip()]
+    try:
+        with (gzip.open(path, "rt") if path.suffix == ".gz" else open(path)) as f:
+            return [json.loads(line) for line in f if line.strip()]
+    except (OSError, ValueError) as e:  # gzip.BadGzipFile is an OSError
+        raise SystemExit(f"{path}: not a readable step trace ({type(e).__name__}: {e}); "
+                         "give the directories DSPARK_STEP_TRACE wrote") from e
 
 
 def speculative(rows: list[dict]) -> bool:

@@ -458,6 +458,9 @@ def test_step_trace_by_kind_reads_gzipped_traces_and_the_gap_between_steps(tmp_p
     step_trace.main(["--by-kind", str(tmp_path)])
     out = capsys.readouterr().out
     assert out.startswith("== budget adaptive-steps.jsonl.gz: steps 2 ")
+    (tmp_path / "adaptive-steps.jsonl.gz").write_text("not gzip")  # a damaged file: named
+    with pytest.raises(SystemExit, match="adaptive-steps.jsonl.gz: not a readable step trace"):
+        step_trace.main(["--by-kind", str(tmp_path)])
 
 
 @pytest.mark.parametrize("eager", [True, False])
