@@ -1,4 +1,4 @@
-"""LedgerScheduler: vLLM's V1 Scheduler plus the step ledger (gate.StepLedger).
+"""LedgerScheduler: vLLM's V1 Scheduler plus the step ledger (step_ledger.StepLedger).
 
 The base of DSparkScheduler, and on its own the same measurement for any other server:
 
@@ -26,8 +26,8 @@ from pathlib import Path
 from vllm.v1.core.sched.scheduler import Scheduler
 
 from .config import TRACE_ENV
-from .gate import StepLedger, step_kind
 from .metrics import DSparkStats
+from .step_ledger import StepLedger, step_kind
 
 log = logging.getLogger("vllm.dspark.ledger")
 

@@ -150,7 +150,7 @@ def test_eager_controls_serve_their_base_configuration_with_enforce_eager(tmp_pa
 
 
 def test_ledger_summary_prices_one_window():
-    from benchmarks.serving_sweep import ledger_summary
+    from benchmarks.ledger_window import ledger_summary
 
     row = dict(steps=0, seconds=0.0, generated_tokens=0, prefill_tokens=0, cycle_seconds=0.0)
     before = {"decode_noverify_nodraft": {**row, "steps": 5, "seconds": 0.4,
@@ -173,7 +173,7 @@ def test_ledger_summary_prices_one_window():
 
 
 def test_load_split_parts_full_load_steps_from_the_ramp():
-    from benchmarks.serving_sweep import load_split
+    from benchmarks.ledger_window import load_split
 
     def row(seconds, tokens):
         return {"steps": 1, "seconds": seconds, "generated_tokens": tokens, "prefill_tokens": 0}

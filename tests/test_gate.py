@@ -3,7 +3,8 @@
 import math
 
 from dspark_vllm.budget import StepCost, next_draft_len, plan_draft, survival
-from dspark_vllm.gate import Explorer, PairedBursts, RealisedRates, StepLedger, bucket
+from dspark_vllm.gate import Explorer, PairedBursts, RealisedRates, bucket
+from dspark_vllm.step_ledger import StepLedger
 
 COST = StepCost(alpha=0.02, beta=0.0012)
 DRAFT = StepCost(alpha=0.003, beta=0.0004)
