@@ -6,3 +6,6 @@ done                                      # -> k0-vs-adaptive.log
 for k in 2 4; do
   echo "== fixed k$k"; python -m benchmarks.engine_profile fixed --k $k --batch 16 --compiled --repeats 2
 done                                      # -> fixed-k2-k4.log
+# 23:37-23:42 UTC, the same machine and code:
+python -m benchmarks.engine_profile fixed --k 3 --batch 1 --compiled --repeats 3
+python -m benchmarks.engine_profile plain --batch 1 --compiled --repeats 2   # -> one-request-k3-vs-plain.log
