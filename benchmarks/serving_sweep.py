@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import statistics
 import time
 from contextlib import ExitStack
@@ -23,7 +24,8 @@ from pathlib import Path
 from benchmarks.ledger_window import ledger_summary, load_split
 from benchmarks.load import closed_loop, open_loop, summarize
 from benchmarks.report import PHASES
-from dspark_vllm.config import FRAME_STACK_ENV, LEDGER_SCHEDULER_CLS
+from benchmarks.step_trace import name_servers
+from dspark_vllm.config import FRAME_STACK_ENV, LEDGER_SCHEDULER_CLS, TRACE_ENV
 from dspark_vllm.hardware import NAMED_DTYPES
 from dspark_vllm.serving import (BUNDLED_DRAFTER, VllmServer, acceptance_length, metric_sum,
                                  metrics_delta, serving)
@@ -298,6 +300,8 @@ def run_sweep(args) -> dict:
     from benchmarks.report import write_report
 
     write_report(out, results, args.poisson, args.dtype)
+    if os.environ.get(TRACE_ENV):  # which server wrote which step trace (step_trace --by-kind)
+        name_servers(out, Path(os.environ[TRACE_ENV]))
     return results
 
 

@@ -17,7 +17,8 @@ drafting level with plain decoding at 9-14 requests while the gate's prediction 
 kind (prefill or decode, drafted, verified): model milliseconds a step, the engine's time
 around it (from the previous step's end to this one's start), scheduled and generated tokens
 a step and generated tokens per cycle-second. Gzipped traces (`*.jsonl.gz`, as the results
-folders keep them) are read too.
+folders keep them) are read too. A trace directory's `servers.txt` (written by the serving
+sweep: each file's server, from the engine pid in that server's log) names each file's server.
 """
 
 from __future__ import annotations
@@ -25,10 +26,13 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
+import re
 from collections import defaultdict
 from pathlib import Path
 
 SIDES = ("plain", "drafted", "undrafted")
+SERVERS = "servers.txt"  # in a trace directory: "<trace file> <server>" a line
+ENGINE_PID = re.compile(r"EngineCore(?:_DP\d+)? pid=(\d+)")  # vLLM's log prefix, engine process
 IDLE_GAP_S = 0.05  # longer between two steps: the engine waited for requests (not a cycle)
 
 
@@ -39,6 +43,31 @@ def read(path: Path) -> list[dict]:
     except (OSError, ValueError) as e:  # gzip.BadGzipFile is an OSError
         raise SystemExit(f"{path}: not a readable step trace ({type(e).__name__}: {e}); "
                          "give the directories DSPARK_STEP_TRACE wrote") from e
+
+
+def name_servers(log_dir: Path, trace_dir: Path) -> dict[str, str]:
+    """Which server wrote each trace file: a server's log (`<name>.log` in `log_dir`, as the
+    serving sweep writes them) names its engine process's pid, and the trace file is
+    steps-<pid>.jsonl. Merged into `trace_dir`/servers.txt -> {file: server}."""
+    names = read_servers(trace_dir)
+    for log in sorted(log_dir.glob("*.log")):
+        for pid in set(ENGINE_PID.findall(log.read_text(errors="replace"))):
+            if (trace_dir / f"steps-{pid}.jsonl").is_file():
+                names[f"steps-{pid}.jsonl"] = log.stem
+    if names:
+        (trace_dir / SERVERS).write_text("".join(f"{f} {n}\n" for f, n in sorted(names.items())))
+    return names
+
+
+def read_servers(trace_dir: Path) -> dict[str, str]:
+    """servers.txt of a trace directory -> {trace file: server} (a gzipped copy of a file
+    answers to its name too); empty without one."""
+    path = trace_dir / SERVERS
+    if not path.is_file():
+        return {}
+    pairs = (line.split(maxsplit=1) for line in path.read_text().splitlines()
+             if line.strip() and not line.startswith("#"))
+    return {f.removesuffix(".gz"): n.strip() for f, n in pairs}
 
 
 def speculative(rows: list[dict]) -> bool:
@@ -132,8 +161,9 @@ def main(argv=None) -> None:
     if args.by_kind:
         for path in paths:
             rows = read(path)
-            name = ("budget" if any("source" in r for r in rows) else
-                    "speculative" if speculative(rows) else "plain")
+            name = read_servers(path.parent).get(path.name.removesuffix(".gz")) or (
+                "budget" if any("source" in r for r in rows) else
+                "speculative" if speculative(rows) else "plain")
             print("\n".join(kind_lines(f"{name} {path.name}", by_kind(rows, args.min_batch))))
         return
     files = [rows for rows in map(read, paths) if rows]

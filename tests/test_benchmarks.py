@@ -463,6 +463,38 @@ def test_step_trace_by_kind_reads_gzipped_traces_and_the_gap_between_steps(tmp_p
         step_trace.main(["--by-kind", str(tmp_path)])
 
 
+def test_step_traces_are_named_by_the_server_whose_log_holds_their_engine_pid(tmp_path, capsys):
+    """The sweep names each trace file's server from the engine pid its log prints (only
+    files that exist, merged with names written before); --by-kind then prints the name,
+    for a gzipped copy of the file too."""
+    import gzip
+    import json
+
+    from benchmarks import step_trace
+
+    logs, traces = tmp_path / "out", tmp_path / "trace"
+    logs.mkdir(), traces.mkdir()
+    (logs / "no-spec.log").write_text("(EngineCore pid=101) INFO start\n(APIServer pid=99) x\n")
+    (logs / "dspark-k0-2.log").write_text("(EngineCore_DP0 pid=202) INFO start\n")
+    (logs / "mtp-1.log").write_text("(EngineCore pid=303) INFO no trace of its own\n")
+    row = {"t": 0.0, "batch": 16, "prefill": 0, "verified": 0, "slots": 0, "generated": 16,
+           "seconds": 0.05, "tokens": 16}
+    for pid in (101, 202):
+        (traces / f"steps-{pid}.jsonl").write_text(json.dumps(row) + "\n")
+    (traces / "servers.txt").write_text("steps-7.jsonl.gz earlier-run\n")
+    names = step_trace.name_servers(logs, traces)
+    assert names == {"steps-101.jsonl": "no-spec", "steps-202.jsonl": "dspark-k0-2",
+                     "steps-7.jsonl": "earlier-run"}
+    assert step_trace.read_servers(traces) == names
+    assert step_trace.read_servers(logs) == {}  # no servers.txt: nothing named
+    with gzip.open(traces / "steps-202.jsonl.gz", "wt") as f:
+        f.write(json.dumps(row) + "\n")
+    (traces / "steps-202.jsonl").unlink()
+    step_trace.main(["--by-kind", str(traces)])
+    out = capsys.readouterr().out
+    assert "== no-spec steps-101.jsonl:" in out and "== dspark-k0-2 steps-202.jsonl.gz:" in out
+
+
 @pytest.mark.parametrize("eager", [True, False])
 def test_engine_profile_builds_an_eager_or_a_compiled_engine(monkeypatch, eager):
     """`--compiled` profiles the engine `vllm serve` runs by default (torch.compile); eager
