@@ -80,6 +80,17 @@ async def _drive(url, clients, seconds, seed, p_disconnect, server, samples):
     return counts, errors
 
 
+def rss_by_minute(samples: list[tuple[float, int]]) -> list[float]:
+    """The resident-memory samples [(time, bytes)] as one mean a minute of the run, in MB:
+    a plateau after warm-up, or a slope that a longer run would carry on (a leak)."""
+    if not samples:
+        return []
+    t0, minutes = samples[0][0], {}
+    for t, rss in samples:
+        minutes.setdefault(int((t - t0) // 60), []).append(rss)
+    return [round(sum(v) / len(v) / 2**20, 1) for _, v in sorted(minutes.items())]
+
+
 def soak(target: str, drafter: str, clients: int, seconds: float, seed: int = 0,
          p_disconnect: float = 0.2, log_path=None) -> dict:
     spec = {"method": "dspark", "model": drafter, "num_speculative_tokens": 5,
@@ -103,6 +114,7 @@ def soak(target: str, drafter: str, clients: int, seconds: float, seed: int = 0,
     return {"clients": clients, "seconds": seconds, **counts, "errors": errors[:20],
             "num_errors": len(errors), "after_idle": idle, "rss_first_quarter_mb": first / 2**20,
             "rss_last_quarter_mb": last / 2**20, "rss_growth": last / first - 1,
+            "rss_by_minute_mb": rss_by_minute(samples),
             "ok": not errors and idle is not None and not any(idle.values())
             and last / first - 1 < GROWTH_LIMIT}
 

@@ -522,3 +522,15 @@ def test_the_never_drafting_control_is_named_only_and_drafts_nothing_at_any_batc
     schedule = spec["num_speculative_tokens_per_batch_size"]
     for batch in (1, 2, 16, 1024):  # vLLM's schedule: [first batch, last batch, drafts]
         assert [k for lo, hi, k in schedule if lo <= batch <= hi] == [0]
+
+
+def test_soak_memory_reads_as_one_mean_a_minute():
+    """The soak's resident-memory samples become one mean a minute (MB), so a plateau after
+    warm-up reads apart from a slope that a longer run would carry on."""
+    from benchmarks.soak import rss_by_minute
+
+    mb = 2**20
+    samples = [(100.0, 10 * mb), (130.0, 20 * mb), (159.9, 30 * mb), (160.0, 40 * mb),
+               (250.0, 50 * mb)]  # minutes 0, 0, 0, 1, 2 of the run
+    assert rss_by_minute(samples) == [20.0, 40.0, 50.0]
+    assert rss_by_minute([]) == []
