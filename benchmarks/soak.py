@@ -26,11 +26,20 @@ PROMPTS = ["Explain how a bicycle works.", "Write a haiku about rain.",
 GROWTH_LIMIT = 0.10  # resident memory may not grow more than 10% from the first to last quarter
 
 
-def _rss(pid: int) -> int:
+def _rss(pid: int) -> dict[str, int]:
+    """Resident bytes of the server's process tree, by process name (vLLM names its engine
+    core and worker processes; the API server is the root)."""
     import psutil
 
     p = psutil.Process(pid)
-    return sum(c.memory_info().rss for c in [p, *p.children(recursive=True)])
+    out: dict[str, int] = {}
+    for c in [p, *p.children(recursive=True)]:
+        try:
+            name = "api-server" if c.pid == pid else c.name()
+            out[name] = out.get(name, 0) + c.memory_info().rss
+        except psutil.NoSuchProcess:  # a helper process that came and went
+            pass
+    return out
 
 
 async def client(url, rng, deadline, counts, errors, p_disconnect):
@@ -64,7 +73,7 @@ async def client(url, rng, deadline, counts, errors, p_disconnect):
     await c.close()
 
 
-async def _drive(url, clients, seconds, seed, p_disconnect, server, samples):
+async def _drive(url, clients, seconds, seed, p_disconnect, server, samples, parts):
     rng = random.Random(seed)
     counts = {"started": 0, "completed": 0, "cancelled": 0}
     errors: list[str] = []
@@ -72,7 +81,8 @@ async def _drive(url, clients, seconds, seed, p_disconnect, server, samples):
 
     async def sampler():
         while time.time() < deadline:
-            samples.append((time.time(), _rss(server.proc.pid)))
+            parts.append((time.time(), _rss(server.proc.pid)))
+            samples.append((parts[-1][0], sum(parts[-1][1].values())))
             await asyncio.sleep(5)
 
     await asyncio.gather(sampler(), *(client(url, random.Random(rng.random()), deadline, counts,
@@ -91,14 +101,18 @@ def rss_by_minute(samples: list[tuple[float, int]]) -> list[float]:
     return [round(sum(v) / len(v) / 2**20, 1) for _, v in sorted(minutes.items())]
 
 
-def soak(target: str, drafter: str, clients: int, seconds: float, seed: int = 0,
+def soak(target: str, drafter: str | None, clients: int, seconds: float, seed: int = 0,
          p_disconnect: float = 0.2, log_path=None) -> dict:
-    spec = {"method": "dspark", "model": drafter, "num_speculative_tokens": 5,
-            "enable_adaptive_verification": True, "draft_sample_method": "probabilistic"}
+    """drafter None: plain vLLM, the same load (a control for what DSpark adds)."""
+    spec = None if drafter is None else {
+        "method": "dspark", "model": drafter, "num_speculative_tokens": 5,
+        "enable_adaptive_verification": True, "draft_sample_method": "probabilistic"}
     with VllmServer(target, spec=spec, log_path=log_path, max_model_len=1024,
                     args=["--max-num-seqs", str(clients)]) as s:
-        samples: list[tuple[float, int]] = []
-        counts, errors = asyncio.run(_drive(s.url, clients, seconds, seed, p_disconnect, s, samples))
+        samples: list[tuple[float, int]] = []  # (time, the tree's resident bytes)
+        parts: list[tuple[float, dict[str, int]]] = []  # the same, by process name
+        counts, errors = asyncio.run(_drive(s.url, clients, seconds, seed, p_disconnect, s,
+                                            samples, parts))
         idle = None
         for _ in range(60):  # aborted requests drain within a few steps
             m = s.metrics()
@@ -115,6 +129,8 @@ def soak(target: str, drafter: str, clients: int, seconds: float, seed: int = 0,
             "num_errors": len(errors), "after_idle": idle, "rss_first_quarter_mb": first / 2**20,
             "rss_last_quarter_mb": last / 2**20, "rss_growth": last / first - 1,
             "rss_by_minute_mb": rss_by_minute(samples),
+            "rss_by_minute_mb_by_process": {n: rss_by_minute([(ts, r.get(n, 0)) for ts, r in parts])
+                                            for n in sorted({n for _, r in parts for n in r})},
             "ok": not errors and idle is not None and not any(idle.values())
             and last / first - 1 < GROWTH_LIMIT}
 
@@ -126,10 +142,13 @@ def main(argv=None):
     p.add_argument("--clients", type=int, default=32)
     p.add_argument("--minutes", type=float, default=10)
     p.add_argument("--drafter", default=str(BUNDLED_DRAFTER))
+    p.add_argument("--plain", action="store_true",
+                   help="serve without speculation: the same load on plain vLLM, a control")
     p.add_argument("--disconnect", type=float, default=0.2, help="probability per request")
     p.add_argument("--out", default="benchmarks/results/soak.json")
     a = p.parse_args(argv)
-    r = soak(str(prepare_target()), a.drafter, a.clients, a.minutes * 60, p_disconnect=a.disconnect,
+    r = soak(str(prepare_target()), None if a.plain else a.drafter, a.clients, a.minutes * 60,
+             p_disconnect=a.disconnect,
              log_path=Path(a.out).with_suffix(".log"))
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text(json.dumps(r, indent=2))
