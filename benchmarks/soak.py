@@ -73,7 +73,7 @@ async def client(url, rng, deadline, counts, errors, p_disconnect):
     await c.close()
 
 
-async def _drive(url, clients, seconds, seed, p_disconnect, server, samples, parts):
+async def _drive(url, clients, seconds, seed, p_disconnect, server, parts):
     rng = random.Random(seed)
     counts = {"started": 0, "completed": 0, "cancelled": 0}
     errors: list[str] = []
@@ -82,7 +82,6 @@ async def _drive(url, clients, seconds, seed, p_disconnect, server, samples, par
     async def sampler():
         while time.time() < deadline:
             parts.append((time.time(), _rss(server.proc.pid)))
-            samples.append((parts[-1][0], sum(parts[-1][1].values())))
             await asyncio.sleep(5)
 
     await asyncio.gather(sampler(), *(client(url, random.Random(rng.random()), deadline, counts,
@@ -109,10 +108,9 @@ def soak(target: str, drafter: str | None, clients: int, seconds: float, seed: i
         "enable_adaptive_verification": True, "draft_sample_method": "probabilistic"}
     with VllmServer(target, spec=spec, log_path=log_path, max_model_len=1024,
                     args=["--max-num-seqs", str(clients)]) as s:
-        samples: list[tuple[float, int]] = []  # (time, the tree's resident bytes)
-        parts: list[tuple[float, dict[str, int]]] = []  # the same, by process name
+        parts: list[tuple[float, dict[str, int]]] = []  # (time, resident bytes by process)
         counts, errors = asyncio.run(_drive(s.url, clients, seconds, seed, p_disconnect, s,
-                                            samples, parts))
+                                            parts))
         idle = None
         for _ in range(60):  # aborted requests drain within a few steps
             m = s.metrics()
@@ -122,6 +120,7 @@ def soak(target: str, drafter: str | None, clients: int, seconds: float, seed: i
             if not any(idle.values()):
                 break
             time.sleep(1)
+    samples = [(ts, sum(r.values())) for ts, r in parts]  # the whole tree
     q = max(len(samples) // 4, 1)
     first = sum(r for _, r in samples[:q]) / q
     last = sum(r for _, r in samples[-q:]) / q
@@ -141,13 +140,16 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--clients", type=int, default=32)
     p.add_argument("--minutes", type=float, default=10)
-    p.add_argument("--drafter", default=str(BUNDLED_DRAFTER))
+    p.add_argument("--drafter", default=None, help=f"default: {BUNDLED_DRAFTER}")
     p.add_argument("--plain", action="store_true",
                    help="serve without speculation: the same load on plain vLLM, a control")
     p.add_argument("--disconnect", type=float, default=0.2, help="probability per request")
     p.add_argument("--out", default="benchmarks/results/soak.json")
     a = p.parse_args(argv)
-    r = soak(str(prepare_target()), None if a.plain else a.drafter, a.clients, a.minutes * 60,
+    if a.plain and a.drafter:
+        p.error(f"--plain with --drafter {a.drafter}: plain vLLM serves no drafter; give one")
+    drafter = None if a.plain else a.drafter or str(BUNDLED_DRAFTER)
+    r = soak(str(prepare_target()), drafter, a.clients, a.minutes * 60,
              p_disconnect=a.disconnect,
              log_path=Path(a.out).with_suffix(".log"))
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)

@@ -65,9 +65,16 @@ def read_servers(trace_dir: Path) -> dict[str, str]:
     path = trace_dir / SERVERS
     if not path.is_file():
         return {}
-    pairs = (line.split(maxsplit=1) for line in path.read_text().splitlines()
-             if line.strip() and not line.startswith("#"))
-    return {f.removesuffix(".gz"): n.strip() for f, n in pairs}
+    out = {}
+    for line in path.read_text().splitlines():
+        if not line.strip() or line.startswith("#"):
+            continue
+        pair = line.split(maxsplit=1)
+        if len(pair) != 2:
+            raise SystemExit(f"{path}: {line!r} is not '<trace file> <server>'; mend or "
+                             "remove the line")
+        out[pair[0].removesuffix(".gz")] = pair[1].strip()
+    return out
 
 
 def speculative(rows: list[dict]) -> bool:
@@ -159,9 +166,10 @@ def main(argv=None) -> None:
                              "first")
         paths += found
     if args.by_kind:
+        servers = {d: read_servers(d) for d in {path.parent for path in paths}}
         for path in paths:
             rows = read(path)
-            name = read_servers(path.parent).get(path.name.removesuffix(".gz")) or (
+            name = servers[path.parent].get(path.name.removesuffix(".gz")) or (
                 "budget" if any("source" in r for r in rows) else
                 "speculative" if speculative(rows) else "plain")
             print("\n".join(kind_lines(f"{name} {path.name}", by_kind(rows, args.min_batch))))

@@ -493,6 +493,9 @@ def test_step_traces_are_named_by_the_server_whose_log_holds_their_engine_pid(tm
     step_trace.main(["--by-kind", str(traces)])
     out = capsys.readouterr().out
     assert "== no-spec steps-101.jsonl:" in out and "== dspark-k0-2 steps-202.jsonl.gz:" in out
+    (traces / "servers.txt").write_text("steps-101.jsonl\n")  # a damaged line: named
+    with pytest.raises(SystemExit, match="'steps-101.jsonl' is not '<trace file> <server>'"):
+        step_trace.read_servers(traces)
 
 
 @pytest.mark.parametrize("eager", [True, False])
@@ -522,6 +525,14 @@ def test_the_never_drafting_control_is_named_only_and_drafts_nothing_at_any_batc
     schedule = spec["num_speculative_tokens_per_batch_size"]
     for batch in (1, 2, 16, 1024):  # vLLM's schedule: [first batch, last batch, drafts]
         assert [k for lo, hi, k in schedule if lo <= batch <= hi] == [0]
+
+
+def test_soak_refuses_a_drafter_for_plain_vllm(capsys):
+    from benchmarks import soak
+
+    with pytest.raises(SystemExit):
+        soak.main(["--plain", "--drafter", "some/drafter"])
+    assert "--plain with --drafter some/drafter" in capsys.readouterr().err
 
 
 def test_soak_memory_reads_as_one_mean_a_minute():
