@@ -23,8 +23,9 @@ from vllm.v1.sample.metadata import SamplingMetadata
 from vllm.v1.spec_decode.dflash import DFlashProposer
 
 from .block_graph import BlockGraphs
-from .config import DEFER_ENV, GRAPHS_ENV
+from .config import DEFER_ENV, GRAPHS_ENV, HEAP_TRIM_ENV
 from .context_debt import ContextDebt, Rows
+from .heap import HeapTrimmer
 from .sequential import sample_block
 
 log = logging.getLogger("vllm.dspark.proposer")
@@ -71,6 +72,9 @@ class DSparkProposer(DFlashProposer):
         self._keep_departed = bool(vllm_config.cache_config.enable_prefix_caching)
         self.context_rows_written = 0  # rows the drafter's context K/V pass has computed
         self.context_rows_dropped = 0  # owed rows of departed requests nothing will read
+        # New row counts every step churn the CPU matmuls' primitives; give the holes back.
+        self._heap = HeapTrimmer() if device.type == "cpu" and \
+            os.environ.get(HEAP_TRIM_ENV, "1") == "1" else None  # validated in config.py
 
     def model_returns_tuple(self) -> bool:
         return False  # the DFlash-style backbone returns one hidden-state tensor
@@ -93,6 +97,8 @@ class DSparkProposer(DFlashProposer):
             out = super().propose(num_speculative_tokens, target_hidden_states=hidden,
                                   common_attn_metadata=common_attn_metadata, **kwargs)
         self.last_draft_seconds = time.perf_counter() - t0
+        if self._heap is not None:
+            self._heap.maybe_trim()
         return out
 
     def _req_ids(self, batch_size: int) -> list[str]:

@@ -1,0 +1,72 @@
+"""Hand the worker's freed heap back to the operating system, at most once an interval.
+
+Why: a DSpark step batches a different number of tokens nearly every step (each request
+verifies its own number of drafts), so the CPU matmuls keep meeting new row counts M.
+vLLM's oneDNN handlers keep 32 primitives per weight shape and oneDNN's own primitive cache
+1,024 (`ONEDNN_PRIMITIVE_CACHE_CAPACITY`); each new M creates a primitive (~0.2 MB of
+descriptors and JIT code) and, once a cache is full, frees an old one. glibc keeps what is
+freed inside its arenas, scattered between live chunks, and does not return it on its own:
+under the soak's load the worker's resident memory grew ~30 MB a minute, where plain vLLM,
+meeting far fewer row counts, grew ~5 (benchmarks/results/soak-1206-memory/).
+`malloc_trim(0)` releases the free pages inside the arenas. What is left is the primitive
+cache filling, bounded by its capacity.
+
+What would remove it: an allocator that returns memory itself (vLLM's CPU guide preloads
+tcmalloc), or row counts bucketed so few primitives are ever made.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import logging
+import time
+
+log = logging.getLogger("vllm.dspark.heap")
+
+TRIM_INTERVAL_S = 10.0  # seconds between trims: often enough that holes never pile up for long,
+# rarely enough that the trims' cost is lost in the steps between
+
+
+def _glibc_trim():
+    """libc's malloc_trim, or None where the C library has none (musl, macOS)."""
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        trim = libc.malloc_trim
+    except (OSError, AttributeError):
+        return None
+    trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
+    return trim
+
+
+class HeapTrimmer:
+    """`maybe_trim()` once a step; it trims when `interval_s` has passed since the last."""
+
+    def __init__(self, interval_s: float = TRIM_INTERVAL_S, clock=time.monotonic, trim=None):
+        if not interval_s > 0:
+            raise ValueError(f"interval_s={interval_s!r}: use a number of seconds above 0")
+        self.interval_s = interval_s
+        self._clock = clock
+        self._trim = _glibc_trim() if trim is None else trim
+        self._last = clock()
+        self.trims = 0  # how many times it has trimmed
+        self.trim_seconds = 0.0  # their total wall time
+
+    @property
+    def available(self) -> bool:
+        return self._trim is not None
+
+    def maybe_trim(self) -> bool:
+        """Trim if the interval has passed; whether it did."""
+        now = self._clock()
+        if self._trim is None or now - self._last < self.interval_s:
+            return False
+        t0 = time.perf_counter()
+        self._trim(0)
+        self.trim_seconds += time.perf_counter() - t0
+        self.trims += 1
+        self._last = self._clock()
+        if self.trims in (1, 10) or self.trims % 100 == 0:
+            log.info("heap trimmed %d times, %.2f ms each on average", self.trims,
+                      self.trim_seconds / self.trims * 1e3)
+        return True
