@@ -8,8 +8,12 @@ descriptors and JIT code) and, once a cache is full, frees an old one. glibc kee
 freed inside its arenas, scattered between live chunks, and does not return it on its own:
 under the soak's load the worker's resident memory grew ~30 MB a minute, where plain vLLM,
 meeting far fewer row counts, grew ~5 (benchmarks/results/soak-1206-memory/).
-`malloc_trim(0)` releases the free pages inside the arenas. What is left is the primitive
-cache filling, bounded by its capacity.
+`malloc_trim(0)` releases the free pages inside the arenas (14-23 ms a trim in the soak's worker).
+What is left is mostly the primitive cache filling, bounded by its capacity: over a 20-minute
+soak the worker still grew ~6 MB a minute in the second half, against ~18 untrimmed.
+It is not free: the soak served 3-8% fewer tokens a second with it (the freed pages fault back
+in as the heap reuses them), so it is off unless DSPARK_HEAP_TRIM=1 asks for it
+(benchmarks/results/memory-1207/).
 
 What would remove it: an allocator that returns memory itself (vLLM's CPU guide preloads
 tcmalloc), or row counts bucketed so few primitives are ever made.

@@ -72,9 +72,10 @@ class DSparkProposer(DFlashProposer):
         self._keep_departed = bool(vllm_config.cache_config.enable_prefix_caching)
         self.context_rows_written = 0  # rows the drafter's context K/V pass has computed
         self.context_rows_dropped = 0  # owed rows of departed requests nothing will read
-        # New row counts every step churn the CPU matmuls' primitives; give the holes back.
+        # New row counts every step churn the CPU matmuls' primitives; on request, give the
+        # holes they leave back (heap.py).
         self._heap = HeapTrimmer() if device.type == "cpu" and \
-            os.environ.get(HEAP_TRIM_ENV, "1") == "1" else None  # validated in config.py
+            os.environ.get(HEAP_TRIM_ENV, "0") == "1" else None  # validated in config.py
 
     def model_returns_tuple(self) -> bool:
         return False  # the DFlash-style backbone returns one hidden-state tensor

@@ -57,7 +57,7 @@ def test_block_drop_switch_is_validated(target, good, monkeypatch):
     ("DSPARK_DRAFT_HANDOVER", "rpc", "use 1 / unset"),
     ("DSPARK_BLOCK_GRAPHS", "cuda", "use 1 / unset"),
     ("DSPARK_FRAME_STACK", "yes", "use 1 / unset"),
-    ("DSPARK_HEAP_TRIM", "never", "use 1 / unset"),
+    ("DSPARK_HEAP_TRIM", "never", "use 1"),
     ("DSPARK_GATE_VERDICT", "bursts", "use paired / unset"),
     ("DSPARK_CONFIDENCE_DRIFT", "on", "use 1"),
     ("DSPARK_STEP_PRICE", "convex", "use hull / unset"),
