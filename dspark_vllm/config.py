@@ -155,7 +155,7 @@ class DSparkServeConfig:
         _switch(FRAME_STACK_ENV, "1", "the forward at a frame depth that keeps CPython's frame "
                 "stack from thrashing (patches/frame_stack.py), the default", "as vLLM calls it")
         _switch(HEAP_TRIM_ENV, "0", "the worker hands its freed heap back to the system every "
-                f"{TRIM_INTERVAL_S:g} s (heap.py: flatter memory, ~5% less throughput)",
+                f"{TRIM_INTERVAL_S:g} s (heap.py: flatter memory, 3-8% less throughput)",
                 "glibc keeps it, the default")
         _choice(GATE_ENV, "paired", GATE_VERDICTS)
         _choice(PRICE_ENV, "hull", STEP_PRICES)

@@ -8,7 +8,7 @@ descriptors and JIT code) and, once a cache is full, frees an old one. glibc kee
 freed inside its arenas, scattered between live chunks, and does not return it on its own:
 under the soak's load the worker's resident memory grew ~30 MB a minute, where plain vLLM,
 meeting far fewer row counts, grew ~5 (benchmarks/results/soak-1206-memory/).
-`malloc_trim(0)` releases the free pages inside the arenas (14-23 ms a trim in the soak's worker).
+`malloc_trim(0)` releases the free pages inside the arenas (14-23 ms a trim in the soak).
 What is left is mostly the primitive cache filling, bounded by its capacity: over a 20-minute
 soak the worker still grew ~6 MB a minute in the second half, against ~18 untrimmed.
 It is not free: the soak served 3-8% fewer tokens a second with it (the freed pages fault back
@@ -28,8 +28,7 @@ import time
 
 log = logging.getLogger("vllm.dspark.heap")
 
-TRIM_INTERVAL_S = 10.0  # seconds between trims: often enough that holes never pile up for long,
-# rarely enough that the trims' cost is lost in the steps between
+TRIM_INTERVAL_S = 10.0  # seconds between trims, the one interval measured; rarer is untried
 
 
 def _glibc_trim():
@@ -72,5 +71,5 @@ class HeapTrimmer:
         self._last = self._clock()
         if self.trims in (1, 10) or self.trims % 100 == 0:
             log.info("heap trimmed %d times, %.2f ms each on average", self.trims,
-                      self.trim_seconds / self.trims * 1e3)
+                     self.trim_seconds / self.trims * 1e3)
         return True
