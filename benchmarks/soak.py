@@ -147,7 +147,7 @@ def main(argv=None):
     p.add_argument("--out", default="benchmarks/results/soak.json")
     a = p.parse_args(argv)
     if a.plain and a.drafter:
-        p.error(f"--plain with --drafter {a.drafter}: plain vLLM serves no drafter; give one")
+        p.error(f"--plain with --drafter {a.drafter}: plain vLLM serves no drafter; give one or the other")
     drafter = None if a.plain else a.drafter or str(BUNDLED_DRAFTER)
     r = soak(str(prepare_target()), drafter, a.clients, a.minutes * 60,
              p_disconnect=a.disconnect,

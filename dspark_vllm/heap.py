@@ -68,7 +68,7 @@ class HeapTrimmer:
         self._trim(0)
         self.trim_seconds += time.perf_counter() - t0
         self.trims += 1
-        self._last = self._clock()
+        self._last = now
         if self.trims in (1, 10) or self.trims % 100 == 0:
             log.info("heap trimmed %d times, %.2f ms each on average", self.trims,
                      self.trim_seconds / self.trims * 1e3)
