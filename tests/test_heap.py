@@ -1,7 +1,9 @@
 """The worker's heap trimmer (dspark_vllm/heap.py): trims once an interval, never more,
-and does nothing where the C library has no malloc_trim."""
+and does nothing where the C library has no malloc_trim; the oneDNN primitive cache cap a
+DSpark server on CPU sets for its engine and worker."""
 
 import ctypes
+import os
 
 import pytest
 
@@ -56,3 +58,26 @@ def test_on_glibc_it_hands_freed_pages_back():
 def test_a_bad_interval_is_refused_by_name(bad):
     with pytest.raises(ValueError, match=r"interval_s=.*use a number of seconds above 0"):
         HeapTrimmer(interval_s=bad)
+
+
+def test_a_dspark_server_on_cpu_caps_onednns_primitive_cache(monkeypatch):
+    """Unset, the cap is set for the processes started next; a user's capacity is kept;
+    off CPU nothing is touched."""
+    from dspark_vllm.heap import ONEDNN_CACHE_CAP, ONEDNN_CACHE_ENV, bound_primitive_cache
+
+    monkeypatch.delenv(ONEDNN_CACHE_ENV, raising=False)
+    assert bound_primitive_cache(on_cpu=False) is None
+    assert ONEDNN_CACHE_ENV not in os.environ
+    assert bound_primitive_cache(on_cpu=True) == ONEDNN_CACHE_CAP == 64
+    assert os.environ[ONEDNN_CACHE_ENV] == "64"
+    monkeypatch.setenv(ONEDNN_CACHE_ENV, "1024")
+    assert bound_primitive_cache(on_cpu=True) == 1024 and os.environ[ONEDNN_CACHE_ENV] == "1024"
+
+
+@pytest.mark.parametrize("bad", ["lots", "-1", "6.4", ""])
+def test_a_bad_onednn_capacity_is_refused_by_name(monkeypatch, bad):
+    from dspark_vllm.heap import bound_primitive_cache
+
+    monkeypatch.setenv("ONEDNN_PRIMITIVE_CACHE_CAPACITY", bad)
+    with pytest.raises(ValueError, match=r"ONEDNN_PRIMITIVE_CACHE_CAPACITY=.*whole number"):
+        bound_primitive_cache(on_cpu=True)

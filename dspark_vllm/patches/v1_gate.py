@@ -67,6 +67,11 @@ def _admit_dspark(vc, unsupported: list[str], version_ok: bool, version: str) ->
     if serve.keep_cached_block:
         vc.speculative_config.disable_eagle_block_drop = True
     serve.activate()
+    from vllm.platforms import current_platform
+
+    from ..heap import bound_primitive_cache
+
+    bound_primitive_cache(current_platform.is_cpu())  # before the engine and worker start
     plugin.install_engine_patches()  # this process may host the engine (in-process mode)
     return [u for u in unsupported if u not in REFUSED]
 
