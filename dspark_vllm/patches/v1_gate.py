@@ -66,12 +66,14 @@ def _admit_dspark(vc, unsupported: list[str], version_ok: bool, version: str) ->
     # 128-token blocks dropping it loses most prompts' hits (benchmarks/prefix_cache.py).
     if serve.keep_cached_block:
         vc.speculative_config.disable_eagle_block_drop = True
-    serve.activate()
     from vllm.platforms import current_platform
 
     from ..heap import bound_primitive_cache
 
-    bound_primitive_cache(current_platform.is_cpu())  # before the engine and worker start
+    # Before the environment is marked (a bad capacity refuses the whole config) and
+    # before the engine and worker start (they inherit it).
+    bound_primitive_cache(current_platform.is_cpu())
+    serve.activate()
     plugin.install_engine_patches()  # this process may host the engine (in-process mode)
     return [u for u in unsupported if u not in REFUSED]
 
