@@ -52,8 +52,8 @@ def one_length_schedule(k: int) -> list[list[int]]:
 # step by the cheapest reachable step alone (DSPARK_STEP_PRICE=envelope, the default until
 # 2026-12-05) instead of that envelope's convex hull (budget.step_prices), and with the draft
 # gate's earlier cap of 4 warm bursts per load (DSPARK_GATE_WARM_BURSTS=4; gate.WARM_BURSTS),
-# and with oneDNN's primitive cache at its own default of 1,024 rather than the 64 a DSpark
-# server on CPU sets (heap.bound_primitive_cache), to price the cap.
+# and with oneDNN's primitive cache at its own default of 1,024, or at 256, rather than the
+# 64 a DSpark server on CPU sets (heap.bound_primitive_cache), to price the cap.
 CONFIG_ENV = {"dspark-adaptive-stepwise-context": {"DSPARK_DEFER_CONTEXT": "0"},
               "dspark-adaptive-draft-rpc": {"DSPARK_DRAFT_HANDOVER": "0"},
               "dspark-adaptive-arms": {"DSPARK_GATE_VERDICT": "arms"},
@@ -61,7 +61,8 @@ CONFIG_ENV = {"dspark-adaptive-stepwise-context": {"DSPARK_DEFER_CONTEXT": "0"},
               "dspark-adaptive-drift": {"DSPARK_CONFIDENCE_DRIFT": "1"},
               "dspark-adaptive-envelope": {"DSPARK_STEP_PRICE": "envelope"},
               "dspark-adaptive-warm4": {"DSPARK_GATE_WARM_BURSTS": "4"},
-              "dspark-adaptive-onednn1024": {"ONEDNN_PRIMITIVE_CACHE_CAPACITY": "1024"}}
+              "dspark-adaptive-onednn1024": {"ONEDNN_PRIMITIVE_CACHE_CAPACITY": "1024"},
+              "dspark-adaptive-onednn256": {"ONEDNN_PRIMITIVE_CACHE_CAPACITY": "256"}}
 # A/A control, run only when named: a second, identical plain server. On this CPU two
 # copies of one server differ by up to ~1.2x at 16 requests (a server instance keeps a speed
 # of its own), so its ratio to no-spec is the noise floor any A/B ratio must clear.
