@@ -309,9 +309,10 @@ def _plots(out: Path, results: dict) -> None:
         ax.plot(t, u, marker="o", label=name, color=color[name])
     ax.set_xlabel("aggregate output throughput (tok/s)")
     ax.set_ylabel("per-user decode speed (tok/s, 1/TPOT)")
-    cs = sorted({int(c) for r in results.values() for c in r["points"]})
-    span = f"concurrency {cs[0]} -> {cs[-1]}" if len(cs) > 1 else f"concurrency {cs[0]}"
-    ax.set_title(f"Per-user speed vs throughput ({span})")
+    cs = sorted({int(c) for r in results.values() for c in r["points"]})  # those that ran
+    span = f" (concurrency {cs[0]} -> {cs[-1]})" if len(cs) > 1 else \
+        f" (concurrency {cs[0]})" if cs else ""
+    ax.set_title(f"Per-user speed vs throughput{span}")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
