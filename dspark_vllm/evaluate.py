@@ -41,6 +41,13 @@ class DSparkAdapter:
 
     def __init__(self, drafter) -> None:
         self.drafter, self.block = drafter, drafter.cfg.block_size
+        # [V] bool: the target ids the drafter can propose (its reduced draft vocabulary);
+        # None when it drafts over the whole vocabulary.
+        self.proposable = None
+        if drafter.d2t is not None:
+            ids = drafter.draft_to_target(torch.arange(len(drafter.d2t)))
+            self.proposable = torch.zeros(drafter.cfg.vocab_size, dtype=torch.bool)
+            self.proposable[ids] = True
 
     def features(self, hidden_states) -> torch.Tensor:
         return target_features(hidden_states, self.drafter.cfg.target_layer_ids)
@@ -55,6 +62,7 @@ class EagleAdapter:
 
     def __init__(self, head, lm_head: torch.Tensor) -> None:
         self.head, self.lm_head, self.block = head, lm_head, 1
+        self.proposable = None  # drafts over the whole vocabulary
 
     def features(self, hidden_states) -> torch.Tensor:
         return hidden_states[-1]  # the final post-norm hidden state
@@ -113,8 +121,12 @@ class SpecDecoder:
                     break
                 emitted.append(tok)
             anchor = nxt.view(1)
+        # Emitted tokens the drafter could never have proposed: a draft stops at each one,
+        # whatever the drafter learned (the cap a reduced draft vocabulary puts on tau).
+        can = getattr(self.adapter, "proposable", None)
+        outside = 0 if can is None else int((~can[torch.tensor(emitted)]).sum())
         return {"tokens": emitted, "rounds": rounds, "accepted_at": accepted_at,
-                "reached_at": reached_at}
+                "reached_at": reached_at, "outside_vocab": outside}
 
 
 def _random_drafter(target):
@@ -184,8 +196,10 @@ def evaluate(cfg: EvalConfig) -> dict:
     for p in tqdm(prompts, desc="eval-acceptance", unit="prompt"):
         r = dec.generate(encode_chat(tok, p["messages"]), cfg.max_new_tokens)
         c = cats.setdefault(p["category"], {"prompts": 0, "rounds": 0, "tokens": 0,
-                                            "accepted_at": [0] * block, "reached_at": [0] * block})
+                                            "outside_vocab": 0, "accepted_at": [0] * block,
+                                            "reached_at": [0] * block})
         c["prompts"] += 1
+        c["outside_vocab"] += r["outside_vocab"]
         c["rounds"] += r["rounds"]
         c["tokens"] += len(r["tokens"])
         c["accepted_at"] = [a + b for a, b in zip(c["accepted_at"], r["accepted_at"])]
@@ -204,6 +218,7 @@ def summarize(cats: dict, cfg: EvalConfig, wall: float, block: int) -> dict:
     for name, c in sorted(cats.items()):
         per_cat[name] = {
             "tau": _tau(c), "prompts": c["prompts"], "rounds": c["rounds"],
+            "outside_vocab": c["outside_vocab"] / max(c["tokens"], 1),
             "accept_rate": [a / r if r else None for a, r in zip(c["accepted_at"], c["reached_at"])],
         }
     total = {"rounds": sum(c["rounds"] for c in cats.values()),
@@ -218,6 +233,9 @@ def summarize(cats: dict, cfg: EvalConfig, wall: float, block: int) -> dict:
         "per_category": per_cat,
         "wall_seconds": wall,
         "tokens_generated": sum(c["tokens"] for c in cats.values()),
+        # Share of the target's tokens outside the drafter's vocabulary (0 for a full one).
+        "outside_vocab": (sum(c["outside_vocab"] for c in cats.values())
+                          / max(sum(c["tokens"] for c in cats.values()), 1)),
     }
 
 
@@ -228,6 +246,8 @@ def format_report(r: dict) -> str:
              f"{r['tokens_generated']} tokens"]
     rate = " ".join("-" if a is None else f"{a:.2f}" for a in r["accept_rate"])
     lines.append(f"per-position acceptance (conditional): {rate}")
+    lines.append(f"target tokens outside the draft vocabulary: {100 * r['outside_vocab']:.1f}%")
     for name, c in r["per_category"].items():
-        lines.append(f"  {name:16s} tau {c['tau']:.3f}  prompts {c['prompts']:4d}  rounds {c['rounds']}")
+        lines.append(f"  {name:16s} tau {c['tau']:.3f}  prompts {c['prompts']:4d}  rounds "
+                     f"{c['rounds']}  outside vocabulary {100 * c['outside_vocab']:.1f}%")
     return "\n".join(lines)

@@ -197,8 +197,19 @@ def test_offline_acceptance_quick(tmp_path):
     main(["--quick", "--drafter", "random=random", "--out", str(tmp_path)])
     r = json.loads((tmp_path / "acceptance.json").read_text())
     assert set(r["random@t0"]) == {"spec_bench", "humaneval", "gsm8k"}
-    assert (tmp_path / "acceptance.md").read_text().count("| random@t0 |") == 2
+    md = (tmp_path / "acceptance.md").read_text()
+    assert md.count("| random@t0 |") == 3
+    # The random drafter drafts over the whole vocabulary: no token is outside it.
+    share_row = md.strip().splitlines()[-1].split("|")[2:-1]
+    assert share_row and all(c.strip() == "0.0" for c in share_row)
     assert (tmp_path / "per_position.png").stat().st_size > 0
+
+
+def test_outside_vocabulary_share_reads_dash_for_results_that_lack_it():
+    from benchmarks.offline_acceptance import _share
+
+    assert _share({"outside_vocab": 0.157}) == "15.7"
+    assert _share({"tau": 1.5}) == "-" and _share(None) == "-"
 
 
 def test_server_groups_rotate_the_start_order_per_instance():

@@ -1,5 +1,7 @@
 """The offline evaluator decodes exactly: greedy speculative output == target's greedy."""
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -55,3 +57,28 @@ def test_a_copy_of_the_target_is_always_accepted(tiny_target):
     r = dec.generate([5, 17, 33], 33)
     assert r["accepted_at"] == r["reached_at"] and r["reached_at"][0] == r["rounds"]
     assert len(r["tokens"]) == 33
+
+
+def _with_vocab(drafter, target, ids):
+    from dspark_vllm.drafter.model import DSparkDrafter
+
+    cfg = dataclasses.replace(drafter.cfg, draft_vocab_size=len(ids))
+    d2t = torch.tensor(sorted(ids)) - torch.arange(len(ids))
+    return DSparkDrafter(cfg, target.get_input_embeddings().weight,
+                         target.get_output_embeddings().weight, d2t=d2t).eval()
+
+
+def test_tokens_outside_a_reduced_draft_vocabulary_are_counted(tiny_target):
+    """Each emitted token the drafter could never propose is counted, and only those; a
+    drafter over the whole vocabulary has none."""
+    full = make_drafter(tiny_target, block=4)
+    half = _with_vocab(full, tiny_target, range(0, 96, 2))  # the even ids
+    prompt = [5, 17, 33, 8, 60, 21]
+    for drafter in (half, full):
+        dec = SpecDecoder(tiny_target, DSparkAdapter(drafter), set(), 1.0, 4,
+                          torch.Generator().manual_seed(0))
+        r = dec.generate(prompt, 60)
+        odd = sum(t % 2 for t in r["tokens"])
+        assert r["outside_vocab"] == (odd if drafter is half else 0)
+        if drafter is half:
+            assert 0 < odd < len(r["tokens"])  # sampled at T = 1: both kinds occur
