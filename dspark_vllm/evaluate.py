@@ -123,7 +123,7 @@ class SpecDecoder:
             anchor = nxt.view(1)
         # Emitted tokens the drafter could never have proposed: a draft stops at each one,
         # whatever the drafter learned (the cap a reduced draft vocabulary puts on tau).
-        can = getattr(self.adapter, "proposable", None)
+        can = self.adapter.proposable
         outside = 0 if can is None else int((~can[torch.tensor(emitted)]).sum())
         return {"tokens": emitted, "rounds": rounds, "accepted_at": accepted_at,
                 "reached_at": reached_at, "outside_vocab": outside}
@@ -221,6 +221,7 @@ def summarize(cats: dict, cfg: EvalConfig, wall: float, block: int) -> dict:
             "outside_vocab": c["outside_vocab"] / max(c["tokens"], 1),
             "accept_rate": [a / r if r else None for a, r in zip(c["accepted_at"], c["reached_at"])],
         }
+    tokens = sum(c["tokens"] for c in cats.values())
     total = {"rounds": sum(c["rounds"] for c in cats.values()),
              "accepted_at": [sum(c["accepted_at"][k] for c in cats.values()) for k in range(block)],
              "reached_at": [sum(c["reached_at"][k] for c in cats.values()) for k in range(block)]}
@@ -232,10 +233,9 @@ def summarize(cats: dict, cfg: EvalConfig, wall: float, block: int) -> dict:
         "accept_rate": [a / r if r else None for a, r in zip(total["accepted_at"], total["reached_at"])],
         "per_category": per_cat,
         "wall_seconds": wall,
-        "tokens_generated": sum(c["tokens"] for c in cats.values()),
+        "tokens_generated": tokens,
         # Share of the target's tokens outside the drafter's vocabulary (0 for a full one).
-        "outside_vocab": (sum(c["outside_vocab"] for c in cats.values())
-                          / max(sum(c["tokens"] for c in cats.values()), 1)),
+        "outside_vocab": sum(c["outside_vocab"] for c in cats.values()) / max(tokens, 1),
     }
 
 

@@ -39,6 +39,7 @@ def test_a_copy_of_the_target_is_always_accepted(tiny_target):
 
     class Oracle:
         block = 3
+        proposable = None  # drafts over the whole vocabulary
 
         def features(self, hidden_states):
             return hidden_states[-1]
