@@ -11,6 +11,7 @@ import gzip
 import json
 import os
 import random
+import re
 import sysconfig
 from pathlib import Path
 
@@ -168,11 +169,62 @@ def library_code_prompts(unused_stdlib: list[tuple[str, str, str, str]], seed: i
     return _code_prompts(unused_stdlib + lib, "libcode", 4)
 
 
+_PASSAGE_LABEL = re.compile(r"(?im)^[^\n]{0,40}?\b(article|movie plot|bio|passage|context|"
+                            r"paragraph|text|background|document|dialogue)\s*:[ \t]*")
+
+
+def t0_passage(prompt: str, lo: int = 400, hi: int = 1500) -> str | None:
+    """The passage a T0 prompt carries: its longest blank-line-separated block, from after
+    the block's last "Article:"-style label line on, cut at the last sentence end before `hi`
+    characters; None when it is shorter than `lo` (the prompt is a bare question or a label)."""
+    def unlabel(block: str) -> str:
+        labels = list(_PASSAGE_LABEL.finditer(block))
+        return block[labels[-1].end():].strip() if labels else block.strip()
+
+    block = max((unlabel(b) for b in re.split(r"\n\s*\n", prompt)), key=len)
+    if len(block) > hi:
+        cut = block.rfind(". ", 0, hi)
+        block = block[:cut + 1] if cut >= lo else block[:hi]
+    return block if len(block) >= lo else None
+
+
+LONGFORM_STYLES = (
+    "Summarize: {p}",  # Spec-Bench's summarization framing (its instruction, never its articles)
+    "Write an engaging blog post inspired by the following text.\n\n{p}",
+    "Explain the main ideas of this passage in detail, as a teacher would to a student.\n\n{p}",
+    "Discuss the historical, social or scientific background of what this passage describes."
+    "\n\n{p}",
+    "Extract the key facts from the text below as a numbered list.\n\n{p}",
+    "Write a short story based on the following.\n\n{p}",
+    "Draft a professional email to a colleague that reports the following.\n\n{p}",
+    "Read the passage, then write three questions about it and answer each in a few "
+    "sentences.\n\n{p}",
+)
+
+
+def longform_prompts(t0: list[dict], banned: set[str]) -> list[dict]:
+    """The `longform` category: each distinct T0 passage (t0_passage) once, under one of
+    LONGFORM_STYLES in turn, asking for the long answers (summaries, essays, explanations,
+    stories, emails) that Spec-Bench's writing, STEM, humanities and summarization
+    categories hold and the T0 mix's short answers do not. A passage that appears in a
+    `banned` prompt (a benchmark's) is left out."""
+    out, seen = [], set()
+    for r in t0:
+        p = t0_passage(r["prompt"])
+        if p is None or p[:200] in seen or any(p[:120] in b for b in banned):
+            continue
+        seen.add(p[:200])
+        out.append({"id": f"longform-{len(out)}", "category": "longform",
+                    "messages": _user(LONGFORM_STYLES[len(out) % len(LONGFORM_STYLES)].format(p=p))})
+    return out
+
+
 TRAIN_MIX = {"math": 0.45, "code": 0.20, "t0": 0.30, "instruct": 0.05}
 """Category shares of the distillation mix: math and code weigh most, as the evaluation
 targets (GSM8K, HumanEval) do; T0 covers QA/summarization/classification. A mix may also
-name `libcode` (library_code_prompts), kept out of the default so its prompts stay as they were."""
-MIX_CATEGORIES = (*TRAIN_MIX, "libcode")
+name `libcode` (library_code_prompts) or `longform` (longform_prompts), kept out of the
+default so its prompts stay as they were."""
+MIX_CATEGORIES = (*TRAIN_MIX, "libcode", "longform")
 
 
 def _bad_mix_entry(entry: str) -> str:
@@ -233,6 +285,8 @@ def training_prompts(data_dir: Path = SHARED_DATA, max_code: int = 3000, seed: i
         rows += [r for r in library_code_prompts(stdlib[max_code:], seed)
                  if r["messages"][0]["content"] not in seen]
     banned = {m["messages"][0]["content"].strip() for m in spec_bench() + gsm8k_heldout()}
+    if mix and "longform" in mix:
+        rows += longform_prompts(t0, banned)
     rng = random.Random(seed)
     pools: dict[str, list[dict]] = {}
     for r in rows:
@@ -241,6 +295,9 @@ def training_prompts(data_dir: Path = SHARED_DATA, max_code: int = 3000, seed: i
     for pool in pools.values():
         rng.shuffle(pool)
     # Weighted interleave: each next prompt comes from the category furthest below its share.
+    if mix and not pools.keys() & mix.keys():
+        raise ValueError(f"mix {mix}: none of its categories has prompts in {train} "
+                         "(t0 and longform need the T0 prompts; set DSPARK_SHARED_DATA)")
     mix = {c: w for c, w in (mix or TRAIN_MIX).items() if c in pools}
     taken = dict.fromkeys(mix, 0)
     out: list[dict] = []

@@ -1,6 +1,7 @@
 """Training prompt mixes: the default mix stays as the bundled drafter was trained on it, an
 added category never repeats a prompt, and no benchmark prompt is trained on."""
 
+import json
 import re
 
 import pytest
@@ -74,3 +75,47 @@ def test_make_data_refuses_a_bad_mix_before_writing(tmp_path):
     with pytest.raises(ValueError, match=r"mix entry python=1.0: .*positive share.*'libcode'"):
         make_data(MakeDataConfig(out_dir=str(tmp_path / "d"), mix={"python": 1.0}))
     assert not (tmp_path / "d").exists()
+
+
+def test_a_t0_passage_is_the_labelled_block_cut_at_a_sentence():
+    body = "The river rose in spring. " * 30  # 780 characters, 30 sentences
+    prompt = f"Please answer.\n\nQuestion: Why?\nMovie plot title: X\nMovie plot: {body}\n\nAnswer:"
+    assert datasets.t0_passage(prompt) == body.strip()
+    long = datasets.t0_passage(f"Article: {body * 3}")
+    assert long.startswith("The river") and long.endswith("spring.") and len(long) <= 1500
+    assert datasets.t0_passage("What label best describes this news article?\nSports") is None
+
+
+def _tiny_shared_data(root, t0_texts):
+    train = root / "train"
+    train.mkdir(parents=True)
+    (train / "gsm8k_train.jsonl").write_text("")
+    (train / "self_instruct_seed_tasks.jsonl").write_text("")
+    (train / "t0_prompts.jsonl").write_text("".join(
+        json.dumps({"template": "t", "prompt": t}) + "\n" for t in t0_texts))
+    return root
+
+
+def test_longform_asks_for_long_answers_about_each_passage_once(tmp_path):
+    passages = [f"Passage {i} tells of the harbour town. " + "Ships came and went. " * 25
+                for i in range(10)]
+    # The same passage under a second template; a Spec-Bench article; a bare question.
+    article = _text(next(p for p in datasets.spec_bench() if p["category"] == "summarization"))
+    t0 = [f"Article: {p}\n\nSummary:" for p in passages] + [f"Context: {passages[0]}\n\nQ: who?",
+                                                          article, "Who won the cup?"]
+    rows = datasets.training_prompts(data_dir=_tiny_shared_data(tmp_path, t0),
+                                     mix={"longform": 1.0})
+    assert {p["category"] for p in rows} == {"longform"} and len(rows) == len(passages)
+    texts = [_text(p) for p in rows]
+    for p in passages:
+        assert sum(p.strip() in t for t in texts) == 1
+    # Each instruction style in turn, the passage after it.
+    n = len(datasets.LONGFORM_STYLES)
+    assert sorted({t.split("Passage")[0] for t in texts}) == sorted(
+        {s.split("{p}")[0] for s in datasets.LONGFORM_STYLES[:min(n, len(rows))]})
+    assert not [t for t in texts if article[len("Summarize: "):][:120] in t]
+
+
+def test_a_mix_with_no_prompts_here_is_refused_by_name(tmp_path):
+    with pytest.raises(ValueError, match=r"mix \{'longform': 1.0\}: none of its categories.*T0"):
+        datasets.training_prompts(data_dir=_tiny_shared_data(tmp_path, []), mix={"longform": 1.0})
