@@ -132,8 +132,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--shard-size", type=int, default=384)
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--mix", default=None, metavar="CATEGORY=SHARE[,...]",
-                   help="prompt categories and shares, e.g. libcode=1 (default: the training "
-                        "mix, math 0.45, code 0.20, t0 0.30, instruct 0.05)")
+                   help="prompt categories and shares, e.g. libcode=1 or math=0.5,longform=0.5 "
+                        "(default: the training mix, math 0.45, code 0.20, t0 0.30, instruct 0.05)")
     s.set_defaults(fn=_make_data)
 
     s = sub.add_parser("build-cache", help="run the target once over make-data output")

@@ -294,10 +294,10 @@ def training_prompts(data_dir: Path = SHARED_DATA, max_code: int = 3000, seed: i
             pools.setdefault(r["category"], []).append(r)
     for pool in pools.values():
         rng.shuffle(pool)
-    # Weighted interleave: each next prompt comes from the category furthest below its share.
     if mix and not pools.keys() & mix.keys():
         raise ValueError(f"mix {mix}: none of its categories has prompts in {train} "
                          "(t0 and longform need the T0 prompts; set DSPARK_SHARED_DATA)")
+    # Weighted interleave: each next prompt comes from the category furthest below its share.
     mix = {c: w for c, w in (mix or TRAIN_MIX).items() if c in pools}
     taken = dict.fromkeys(mix, 0)
     out: list[dict] = []

@@ -1,10 +1,13 @@
-"""Per training-mix category: responses, response tokens, mean length, share outside the bundled draft vocabulary."""
-import glob, json, collections, numpy as np, torch
+"""Per training-mix category: responses, response tokens, mean length, share outside the bundled draft vocabulary.
+
+    python benchmarks/results/vocab-1207/train_mix.py [DATA_DIR]   (default runs/smollm2/data)
+"""
+import glob, json, collections, sys, numpy as np, torch
 from safetensors import safe_open
 d2t = safe_open('dspark_vllm/drafters/smollm2-135m-dspark/model.safetensors', 'pt').get_tensor('d2t')
 inv = np.zeros(49152, bool); inv[(torch.arange(len(d2t)) + d2t).numpy()] = True
 agg = collections.defaultdict(lambda: [0, 0, 0])
-for f in sorted(glob.glob('runs/smollm2/data/shard-*.npz')):
+for f in sorted(glob.glob(f"{sys.argv[1] if len(sys.argv) > 1 else 'runs/smollm2/data'}/shard-*.npz")):
     z = np.load(f, allow_pickle=False)
     meta = json.loads(str(z['meta']))
     cats = meta['categories'] if isinstance(meta, dict) and 'categories' in meta else meta
