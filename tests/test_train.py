@@ -165,6 +165,23 @@ def test_bigram_start_of_the_transition_head(tiny_cache, tmp_path):
     assert zero.drafter.markov_head.markov_w2.weight.abs().sum() == 0
 
 
+def test_greedy_outcomes_are_measured_alike_without_a_confidence_head(tiny_cache, tmp_path):
+    # The parallel drafters have no confidence head; their survival sums come from the same
+    # held-out blocks as calibration's, and the outcomes must not depend on the head.
+    from dspark_vllm.train.calibrate import collect_greedy
+    from dspark_vllm.train.trainer import heldout_split
+
+    t = Trainer(_cfg(tiny_cache, tmp_path, max_steps=3))
+    t.train()
+    d = t.drafter.eval()
+    seqs = heldout_split(t.cache, t.cfg.heldout)
+    z, acc = collect_greedy(d, t.cache, seqs, t.cols, None)
+    d.confidence_head = None
+    z0, acc0 = collect_greedy(d, t.cache, seqs, t.cols, None)
+    assert acc.shape == z.shape == z0.shape and len(acc) > 0
+    assert np.array_equal(acc, acc0) and not z0.any()
+
+
 def test_bfloat16_cache_matches_float32_and_resume_keeps_its_dtype(tiny_cache, tmp_path):
     from dspark_vllm.train.cache import FeatureCache, build_cache
 

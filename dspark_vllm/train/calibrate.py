@@ -95,7 +95,9 @@ def report(z: np.ndarray, accepted: np.ndarray, temps: np.ndarray) -> dict:
 @torch.no_grad()
 def collect_greedy(drafter: DSparkDrafter, cache, seqs, cols, t2d, max_blocks: int = 4000,
                    anchors_per_seq: int = 24, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    """Confidence logits and greedy acceptance outcomes on held-out greedy sequences."""
+    """Confidence logits and greedy acceptance outcomes on held-out greedy sequences.
+    A drafter without a confidence head (the purely parallel ones) gets logits of zero, so
+    its outcomes can be measured on the same blocks."""
     from .trainer import pad_batch, sample_anchors
 
     g = drafter.cfg.block_size
@@ -120,6 +122,8 @@ def collect_greedy(drafter: DSparkDrafter, cache, seqs, cols, t2d, max_blocks: i
             logits = logits + bias
         hit = drafter.draft_to_target(logits.argmax(-1)) == labels
         z = drafter.confidence_logits(h, prev)
+        if z is None:
+            z = torch.zeros(hit.shape)  # [b, A, g]
         zs.append(z[full].numpy())
         accs.append(hit[full].int().cumprod(-1).bool().numpy())
         if sum(len(x) for x in zs) >= max_blocks:
