@@ -2,10 +2,12 @@
 drafter, at temperature 0 and 1 (reference implementation, exact speculative sampling).
 
     python -m benchmarks.offline_acceptance --out benchmarks/results/acceptance [--quick]
-        [--drafter NAME=DIR ...]
+        [--drafter NAME=DIR ...] [--prompt-lookup NAME ...]
 
 Defaults to the bundled DSpark drafter plus the ablations and MTP-1 under runs/smollm2/.
 Writes acceptance.json, acceptance.md and per_position.png. Resumable per (drafter, temp).
+--prompt-lookup adds a row NAME+lookup per drafter named: the same drafter with prompt
+lookup beside it (dspark_vllm/lookup.py).
 """
 
 from __future__ import annotations
@@ -33,7 +35,12 @@ def run(args) -> dict:
     path = out / "acceptance.json"
     results = json.loads(path.read_text()) if path.is_file() else {}
     drafters = dict(d.split("=", 1) for d in args.drafter) if args.drafter else DEFAULT_DRAFTERS
-    for name, d in drafters.items():
+    unknown = [n for n in args.prompt_lookup if n not in drafters]
+    if unknown:
+        raise SystemExit(f"--prompt-lookup {unknown}: not among the drafters {sorted(drafters)}")
+    rows = [(n, d, False) for n, d in drafters.items()] + \
+        [(f"{n}+lookup", drafters[n], True) for n in args.prompt_lookup]
+    for name, d, looks in rows:
         if d != "random" and not Path(d, "config.json").is_file():
             print(f"skip {name}: no drafter at {d}")
             continue
@@ -47,7 +54,7 @@ def run(args) -> dict:
                 limit = None if s == "spec_bench" else args.limit
                 rep = evaluate(EvalConfig(drafter=d, data=s, temperature=t, limit=limit,
                                           per_category=per_cat, max_new_tokens=args.max_new_tokens,
-                                          seed=args.seed))
+                                          seed=args.seed, prompt_lookup=looks))
                 row[s] = rep
                 print(f"{key} {s}: tau {rep['tau']:.3f} macro {rep['tau_macro']:.3f} "
                       f"({rep['wall_seconds']:.0f}s)", flush=True)
@@ -93,6 +100,17 @@ def write_tables(out: Path, results: dict) -> None:
         pc = r["spec_bench"]["per_category"]
         cells = [_share(pc.get(c)) for c in cats] + [_share(r["humaneval"]), _share(r["gsm8k"])]
         lines.append(f"| {key} | " + " | ".join(cells) + " |")
+    looked = {k: r for k, r in results.items() if r["spec_bench"]["config"].get("prompt_lookup")}
+    if looked:
+        lines += ["", "Rounds that verified the prompt-lookup block instead of the drafter's, %:",
+                  "", "| drafter | " + " | ".join(cats) + " | HumanEval | GSM8K held-out |",
+                  "|---|" + "---|" * (len(cats) + 2)]
+        for key, r in looked.items():
+            pc = r["spec_bench"]["per_category"]
+            cells = [f"{100 * pc[c]['lookup_rounds'] / max(pc[c]['rounds'], 1):.0f}"
+                     if c in pc else "-" for c in cats]
+            cells += [f"{100 * r[s]['lookup_share']:.0f}" for s in ("humaneval", "gsm8k")]
+            lines.append(f"| {key} | " + " | ".join(cells) + " |")
     (out / "acceptance.md").write_text("\n".join(lines) + "\n")
     import matplotlib
 
@@ -122,6 +140,8 @@ def main(argv=None):
     p.add_argument("--limit", type=int, default=30, help="HumanEval / GSM8K prompts")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--prompt-lookup", nargs="*", default=[], metavar="NAME",
+                   help="also these drafters with prompt lookup beside them (rows NAME+lookup)")
     p.add_argument("--quick", action="store_true", help="one prompt per set, 8 tokens (tests)")
     args = p.parse_args(argv)
     if args.quick:

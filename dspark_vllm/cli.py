@@ -67,9 +67,11 @@ def _train(a: argparse.Namespace) -> None:
 
 
 def _calibrate(a: argparse.Namespace) -> None:
-    from .train.calibrate import calibrate
+    from .train.calibrate import calibrate, calibrate_lookup
 
-    print(json.dumps(calibrate(a.drafter, a.cache, a.target, max_blocks=a.max_blocks), indent=2))
+    rep = calibrate_lookup(a.drafter, a.cache) if a.lookup_only else \
+        calibrate(a.drafter, a.cache, a.target, max_blocks=a.max_blocks)
+    print(json.dumps(rep, indent=2))
 
 
 def _recipe(a: argparse.Namespace) -> None:
@@ -88,7 +90,8 @@ def _eval_acceptance(a: argparse.Namespace) -> None:
 
     cfg = EvalConfig(target=a.target, drafter=a.drafter, data=a.data, temperature=a.temperature,
                      max_new_tokens=a.max_new_tokens, limit=a.limit, per_category=a.per_category,
-                     block_size=a.block_size, seed=a.seed, dtype=a.dtype)
+                     block_size=a.block_size, seed=a.seed, dtype=a.dtype,
+                     prompt_lookup=a.prompt_lookup)
     report = evaluate(cfg)
     print(format_report(report))
     if a.json:
@@ -176,6 +179,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="feature cache directory; several are read as one (more data)")
     s.add_argument("--target", default="default")
     s.add_argument("--max-blocks", type=int, default=4000)
+    s.add_argument("--lookup-only", action="store_true",
+                   help="measure prompt lookup's acceptance table alone (the confidence "
+                   "temperatures stay as they are)")
     s.set_defaults(fn=_calibrate)
 
     s = sub.add_parser("recipe", help="make-data + cache + train + calibrate, resumable")
@@ -205,6 +211,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--block-size", type=int, default=None, help="drafts per round (<= block)")
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--dtype", default="float32", choices=NAMED_DTYPES)
+    s.add_argument("--prompt-lookup", action="store_true",
+                   help="prompt lookup beside the drafter: per round, the block expected to be "
+                   "accepted further (needs the drafter's lookup table, `dspark calibrate`)")
     s.add_argument("--json", default=None, help="write the report here")
     s.set_defaults(fn=_eval_acceptance)
     s = sub.add_parser("demo", help="serve the bundled target + drafter, chat with it")

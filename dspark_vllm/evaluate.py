@@ -10,8 +10,10 @@ from __future__ import annotations
 import time
 from dataclasses import asdict, dataclass
 
+import numpy as np
 import torch
 
+from . import lookup
 from .datasets import encode_chat, load_eval_set
 from .drafter.drafting import propose
 from .spec_sampling import speculative_sample, target_probs
@@ -29,6 +31,9 @@ class EvalConfig:
     block_size: int | None = None
     seed: int = 0
     dtype: str = "float32"
+    # Prompt lookup beside the drafter (lookup.py): per round, the block expected to be
+    # accepted further, by the drafter's confidences and the drafter's lookup table.
+    prompt_lookup: bool = False
 
 
 def target_features(hidden_states: tuple[torch.Tensor, ...], layer_ids: list[int]) -> torch.Tensor:
@@ -37,10 +42,21 @@ def target_features(hidden_states: tuple[torch.Tensor, ...], layer_ids: list[int
 
 
 class DSparkAdapter:
-    """The reference DSpark drafter: context = concatenated target layers."""
+    """The reference DSpark drafter: context = concatenated target layers; with
+    `prompt_lookup`, the lookup block instead of the drafter's where it is expected to be
+    accepted further (lookup.py)."""
 
-    def __init__(self, drafter) -> None:
+    def __init__(self, drafter, prompt_lookup: bool = False) -> None:
         self.drafter, self.block = drafter, drafter.cfg.block_size
+        self.table = None
+        if prompt_lookup:
+            if drafter.confidence_head is None or drafter.cfg.dspark_lookup_acceptance is None:
+                raise ValueError(
+                    "prompt lookup needs a drafter with a confidence head and a lookup table "
+                    "(dspark_lookup_acceptance in its config.json: `dspark calibrate "
+                    "--lookup-only --drafter DIR --cache CACHE` measures it)")
+            self.table = drafter.cfg.dspark_lookup_acceptance
+        self.lookup_rounds = 0  # rounds that verified the lookup block
         # [V] bool: the target ids the drafter can propose (its reduced draft vocabulary);
         # None when it drafts over the whole vocabulary.
         self.proposable = None
@@ -54,7 +70,13 @@ class DSparkAdapter:
 
     def propose(self, feats, tokens, anchor, t, gen, num_slots):
         d = propose(self.drafter, feats, anchor, t, gen, num_slots=num_slots)
-        return d.tokens, self.drafter.to_target_probs(d.probs)
+        drafts, q = d.tokens, self.drafter.to_target_probs(d.probs)  # [1, g], [1, g, V]
+        if self.table is not None:  # tokens: the context up to the anchor
+            drafts, q = drafts.clone(), q.clone()
+            self.lookup_rounds += lookup.splice_block(drafts, d.confidence.clone(), q,
+                                                      [np.asarray(tokens)], self.table,
+                                                      decide=d.greedy_confidence)
+        return drafts, q
 
 
 class EagleAdapter:
@@ -139,7 +161,8 @@ def _random_drafter(target):
     return DSparkDrafter(cfg, emb, target.get_output_embeddings().weight).eval()
 
 
-def load_pair(target_path: str, drafter_path: str, dtype: torch.dtype = torch.float32):
+def load_pair(target_path: str, drafter_path: str, dtype: torch.dtype = torch.float32,
+              prompt_lookup: bool = False):
     """(target, tokenizer, adapter) for a DSpark drafter, an MTP-1 head or 'random'."""
     import json
     from pathlib import Path
@@ -151,7 +174,7 @@ def load_pair(target_path: str, drafter_path: str, dtype: torch.dtype = torch.fl
     target, tok = load_target(target_path, dtype=dtype)
     emb, head = target.get_input_embeddings().weight, target.get_output_embeddings().weight
     if drafter_path == "random":
-        return target, tok, DSparkAdapter(_random_drafter(target).to(dtype))
+        return target, tok, DSparkAdapter(_random_drafter(target).to(dtype), prompt_lookup)
     cfg_path = Path(drafter_path) / "config.json"
     archs = []
     if cfg_path.is_file():
@@ -166,10 +189,13 @@ def load_pair(target_path: str, drafter_path: str, dtype: torch.dtype = torch.fl
 
         eagle = EagleHead(target.config, emb)
         eagle.load_state_dict(load_file(str(Path(drafter_path) / "model.safetensors")))
+        if prompt_lookup:
+            raise ValueError(f"{drafter_path}: an MTP-1 head; prompt lookup goes beside a "
+                             "DSpark drafter (its confidences choose between the two)")
         return target, tok, EagleAdapter(eagle.to(dtype).eval(), head)
     drafter = load_drafter(drafter_path, emb, head,
                            target_num_layers=target.config.num_hidden_layers, dtype=dtype)
-    return target, tok, DSparkAdapter(drafter.eval())
+    return target, tok, DSparkAdapter(drafter.eval(), prompt_lookup)
 
 
 def evaluate(cfg: EvalConfig) -> dict:
@@ -181,7 +207,7 @@ def evaluate(cfg: EvalConfig) -> dict:
     # A bad --data, --limit or --per-category is named before the models load.
     prompts = load_eval_set(cfg.data, limit=cfg.limit, per_category=cfg.per_category, seed=cfg.seed)
     dtype = getattr(torch, cfg.dtype)
-    target, tok, adapter = load_pair(cfg.target, cfg.drafter, dtype)
+    target, tok, adapter = load_pair(cfg.target, cfg.drafter, dtype, cfg.prompt_lookup)
     block = cfg.block_size or adapter.block
     if not 1 <= block <= adapter.block:
         raise ValueError(f"--block-size {block}: must be in 1..{adapter.block} "
@@ -194,13 +220,16 @@ def evaluate(cfg: EvalConfig) -> dict:
     cats: dict[str, dict] = {}
     t0 = time.time()
     for p in tqdm(prompts, desc="eval-acceptance", unit="prompt"):
+        looked = getattr(adapter, "lookup_rounds", 0)
         r = dec.generate(encode_chat(tok, p["messages"]), cfg.max_new_tokens)
         c = cats.setdefault(p["category"], {"prompts": 0, "rounds": 0, "tokens": 0,
+                                            "lookup_rounds": 0,
                                             "outside_vocab": 0, "accepted_at": [0] * block,
                                             "reached_at": [0] * block})
         c["prompts"] += 1
         c["outside_vocab"] += r["outside_vocab"]
         c["rounds"] += r["rounds"]
+        c["lookup_rounds"] += getattr(adapter, "lookup_rounds", 0) - looked
         c["tokens"] += len(r["tokens"])
         c["accepted_at"] = [a + b for a, b in zip(c["accepted_at"], r["accepted_at"])]
         c["reached_at"] = [a + b for a, b in zip(c["reached_at"], r["reached_at"])]
@@ -218,11 +247,13 @@ def summarize(cats: dict, cfg: EvalConfig, wall: float, block: int) -> dict:
     for name, c in sorted(cats.items()):
         per_cat[name] = {
             "tau": _tau(c), "prompts": c["prompts"], "rounds": c["rounds"],
+            "lookup_rounds": c["lookup_rounds"],
             "outside_vocab": c["outside_vocab"] / max(c["tokens"], 1),
             "accept_rate": [a / r if r else None for a, r in zip(c["accepted_at"], c["reached_at"])],
         }
     tokens = sum(c["tokens"] for c in cats.values())
     total = {"rounds": sum(c["rounds"] for c in cats.values()),
+             "lookup_rounds": sum(c["lookup_rounds"] for c in cats.values()),
              "accepted_at": [sum(c["accepted_at"][k] for c in cats.values()) for k in range(block)],
              "reached_at": [sum(c["reached_at"][k] for c in cats.values()) for k in range(block)]}
     return {
@@ -236,6 +267,7 @@ def summarize(cats: dict, cfg: EvalConfig, wall: float, block: int) -> dict:
         "tokens_generated": tokens,
         # Share of the target's tokens outside the drafter's vocabulary (0 for a full one).
         "outside_vocab": sum(c["outside_vocab"] for c in cats.values()) / max(tokens, 1),
+        "lookup_share": total["lookup_rounds"] / max(total["rounds"], 1),
     }
 
 
@@ -247,7 +279,10 @@ def format_report(r: dict) -> str:
     rate = " ".join("-" if a is None else f"{a:.2f}" for a in r["accept_rate"])
     lines.append(f"per-position acceptance (conditional): {rate}")
     lines.append(f"target tokens outside the draft vocabulary: {100 * r['outside_vocab']:.1f}%")
+    if r["config"].get("prompt_lookup"):
+        lines.append(f"rounds that verified the prompt-lookup block: {100 * r['lookup_share']:.1f}%")
     for name, c in r["per_category"].items():
         lines.append(f"  {name:16s} tau {c['tau']:.3f}  prompts {c['prompts']:4d}  rounds "
-                     f"{c['rounds']}  outside vocabulary {100 * c['outside_vocab']:.1f}%")
+                     f"{c['rounds']}  outside vocabulary {100 * c['outside_vocab']:.1f}%"
+                     + (f"  lookup {c['lookup_rounds']}" if r["config"].get("prompt_lookup") else ""))
     return "\n".join(lines)

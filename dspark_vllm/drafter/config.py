@@ -60,6 +60,10 @@ class DSparkDrafterConfig:
     dspark_confidence_temperatures: list[float] | None = None
     """Sequential Temperature Scaling: c_k = sigmoid(z_k / T_k), one T per position
     (written by `dspark calibrate`; upstream vLLM ignores the key)."""
+    dspark_lookup_acceptance: list[list[float]] | None = None
+    """Prompt lookup's acceptance table (lookup.py): row n - 1, slot j = acceptance at slot j
+    given slots < j accepted, for a longest match of n tokens (written by `dspark calibrate`;
+    upstream vLLM ignores the key)."""
 
     def __post_init__(self) -> None:
         self.target_layer_ids = [int(i) for i in self.target_layer_ids]
@@ -98,6 +102,15 @@ class DSparkDrafterConfig:
         if temps is not None and (len(temps) != self.block_size or min(temps) <= 0):
             raise bad("dspark_confidence_temperatures",
                       f"needs {self.block_size} positive temperatures (one per position)")
+        table = self.dspark_lookup_acceptance
+        if table is not None and not (
+                isinstance(table, list) and table
+                and all(isinstance(r, list) and len(r) == self.block_size for r in table)
+                and all(isinstance(x, (int, float)) and 0 <= x <= 1 for r in table for x in r)):
+            raise bad("dspark_lookup_acceptance",
+                      f"needs one row per match length (at least one), each {self.block_size} "
+                      "acceptance rates in [0, 1]; run `dspark calibrate --lookup-only` to "
+                      "measure it")
         if self.draft_vocab_size is not None and not \
                 0 < self.draft_vocab_size <= self.vocab_size:
             raise bad("draft_vocab_size", f"must be in (0, vocab_size={self.vocab_size}]")
@@ -144,7 +157,8 @@ class DSparkDrafterConfig:
     def to_hf_dict(self) -> dict[str, Any]:
         """config.json contents that both HF `Qwen3Config` and vLLM accept."""
         d = dataclasses.asdict(self)
-        for key in ("draft_vocab_size", "dspark_confidence_temperatures"):
+        for key in ("draft_vocab_size", "dspark_confidence_temperatures",
+                    "dspark_lookup_acceptance"):
             if d[key] is None:
                 del d[key]
         d.update(

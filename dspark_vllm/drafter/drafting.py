@@ -19,6 +19,9 @@ class Draft:
     probs: torch.Tensor  # [B, G, V_draft] distribution each token was drawn from
     draft_ids: torch.Tensor  # [B, G] draft-vocabulary ids
     confidence: torch.Tensor | None  # [B, G] sigmoid of the confidence head
+    # [B, G] the greedy chain's confidences (= `confidence` when greedy): they read no
+    # sampled token, so a choice made on them keeps sampling exact (lookup.py).
+    greedy_confidence: torch.Tensor | None = None
 
 
 def sample_sequential(
@@ -71,4 +74,7 @@ def propose(
     ids, pos = block_inputs(anchor[:, None], anchor_pos, g, drafter.cfg.mask_token_id)
     ctx_pos = torch.arange(t, device=ctx_feats.device).expand(b, t)
     h = drafter(ids, pos, ctx_feats, ctx_pos, block_mask(anchor_pos, t, g))
-    return sample_sequential(drafter, h, anchor, temperature, generator)
+    d = sample_sequential(drafter, h, anchor, temperature, generator)
+    d.greedy_confidence = d.confidence if temperature <= 0 else \
+        sample_sequential(drafter, h, anchor, 0.0).confidence
+    return d

@@ -22,6 +22,9 @@ from ..drafter.model import DSparkDrafter, block_inputs, block_mask
 TEMPERATURE_GRID = np.exp(np.linspace(np.log(0.1), np.log(10.0), 121))
 ECE_BINS = 10
 MIN_GREEDY_SEQS = 8  # fewer held-out greedy sequences than this: borrow training ones
+# Answer positions prompt lookup's table is measured at: ~7k on a quarter of the recipe's
+# data take ~10 s; the cap bounds a large cache's time.
+MAX_LOOKUP_POSITIONS = 50_000
 
 
 def ece(pred: np.ndarray, outcome: np.ndarray, bins: int = ECE_BINS) -> float:
@@ -131,15 +134,65 @@ def collect_greedy(drafter: DSparkDrafter, cache, seqs, cols, t2d, max_blocks: i
     return np.concatenate(zs)[:max_blocks], np.concatenate(accs)[:max_blocks]
 
 
+def lookup_table(cache, seqs, block: int) -> dict:
+    """Prompt lookup's acceptance table (lookup.measure_table) on the greedy answers of
+    `seqs`: what lookup would have had accepted there, whatever drafter it goes beside."""
+    from .. import lookup
+
+    def answers():
+        left = MAX_LOOKUP_POSITIONS
+        for i in seqs:
+            if cache.info.temperatures[i] != 0.0 or left <= 0:
+                continue
+            a, b = cache.info.offsets[i], cache.info.offsets[i + 1]
+            plen = cache.info.prompt_lens[i]
+            tokens = np.asarray(cache.tokens[a:min(b, a + plen + left)], dtype=np.int64)
+            left -= len(tokens) - plen
+            yield tokens, plen
+
+    table, blocks = lookup.measure_table(answers(), block)
+    return {"table": table, "blocks_per_match_length": blocks,
+            "expected_length": [float(lookup.expected_length(np.array(r))) for r in table]}
+
+
+def _calibration_seqs(cache, heldout: float) -> list[int]:
+    from .trainer import heldout_split
+
+    seqs = list(heldout_split(cache, heldout))
+    if sum(cache.info.temperatures[i] == 0.0 for i in seqs) < MIN_GREEDY_SEQS:
+        # Tiny caches (quick runs): too few held-out greedy answers; borrow trained ones.
+        seqs += list(range(len(cache)))[::-1]
+    return seqs
+
+
+def calibrate_lookup(drafter_dir: str | Path, cache_dir: str | Path,
+                     heldout: float = 0.05) -> dict:
+    """Measure prompt lookup's table alone and write it into the drafter's config (its
+    confidence temperatures stay as they are)."""
+    from ..drafter.config import DSparkDrafterConfig
+    from .cache import open_cache
+
+    cfg = DSparkDrafterConfig.load(drafter_dir)
+    cache = open_cache(cache_dir)
+    rep = lookup_table(cache, _calibration_seqs(cache, heldout), cfg.block_size)
+    cfg.dspark_lookup_acceptance = rep["table"]
+    cfg.validate()
+    cfg.save(drafter_dir)
+    path = Path(drafter_dir) / "calibration.json"
+    old = json.loads(path.read_text()) if path.is_file() else {}
+    path.write_text(json.dumps({**old, "lookup": rep}, indent=2) + "\n")
+    return rep
+
+
 def calibrate(drafter_dir: str | Path, cache_dir: str | Path, target: str = "default",
               heldout: float = 0.05, max_blocks: int = 4000) -> dict:
-    """Fit STS on held-out cache data; write the temperatures into the drafter's config."""
+    """Fit STS on held-out cache data; write the temperatures (and prompt lookup's table)
+    into the drafter's config."""
     if max_blocks < 1:
         raise ValueError(f"max_blocks={max_blocks}: calibration needs at least one block")
     from ..drafter.checkpoint import load_drafter
     from ..target import load_target
     from .cache import open_cache
-    from .trainer import heldout_split
 
     target_model, _ = load_target(target, tokenizer=False)
     drafter = load_drafter(drafter_dir, target_model.get_input_embeddings().weight,
@@ -149,14 +202,13 @@ def calibrate(drafter_dir: str | Path, cache_dir: str | Path, target: str = "def
         raise ValueError(f"{drafter_dir}: the drafter has no confidence head to calibrate")
     cache = open_cache(cache_dir)
     cols = cache.select(drafter.cfg.target_layer_ids)
-    seqs = list(heldout_split(cache, heldout))
-    if sum(cache.info.temperatures[i] == 0.0 for i in seqs) < MIN_GREEDY_SEQS:
-        # Tiny caches (quick runs): too few held-out greedy answers; borrow trained ones.
-        seqs += list(range(len(cache)))[::-1]
+    seqs = _calibration_seqs(cache, heldout)
     z, acc = collect_greedy(drafter, cache, seqs, cols, None, max_blocks)
     temps = fit_sts(z, acc)
     rep = report(z, acc, temps)
+    rep["lookup"] = lookup_table(cache, seqs, drafter.cfg.block_size)
     drafter.cfg.dspark_confidence_temperatures = rep["temperatures"]
+    drafter.cfg.dspark_lookup_acceptance = rep["lookup"]["table"]
     drafter.cfg.validate()
     drafter.cfg.save(drafter_dir)
     (Path(drafter_dir) / "calibration.json").write_text(json.dumps(rep, indent=2) + "\n")
