@@ -62,7 +62,9 @@ CONFIG_ENV = {"dspark-adaptive-stepwise-context": {"DSPARK_DEFER_CONTEXT": "0"},
               "dspark-adaptive-envelope": {"DSPARK_STEP_PRICE": "envelope"},
               "dspark-adaptive-warm4": {"DSPARK_GATE_WARM_BURSTS": "4"},
               "dspark-adaptive-onednn1024": {"ONEDNN_PRIMITIVE_CACHE_CAPACITY": "1024"},
-              "dspark-adaptive-onednn256": {"ONEDNN_PRIMITIVE_CACHE_CAPACITY": "256"}}
+              "dspark-adaptive-onednn256": {"ONEDNN_PRIMITIVE_CACHE_CAPACITY": "256"},
+              # Prompt lookup beside the drafter (dspark_vllm/lookup.py; needs its table).
+              "dspark-adaptive-lookup": {"DSPARK_PROMPT_LOOKUP": "6"}}
 # A/A control, run only when named: a second, identical plain server. On this CPU two
 # copies of one server differ by up to ~1.2x at 16 requests (a server instance keeps a speed
 # of its own), so its ratio to no-spec is the noise floor any A/B ratio must clear.

@@ -14,6 +14,7 @@ from .drafter.checkpoint import check_checkpoint
 from .drafter.config import DrafterConfigError, DSparkDrafterConfig
 from .gate import WARM_BURSTS
 from .heap import TRIM_INTERVAL_S
+from .lookup import MAX_NGRAM
 
 SUPPORTED_VLLM = ((0, 32), (0, 33))  # [min, max) of (major, minor)
 SCHEDULER_CLS = "dspark_vllm.scheduler.DSparkScheduler"
@@ -27,6 +28,8 @@ FRAME_STACK_ENV = "DSPARK_FRAME_STACK"  # "0": off; "1": every engine (patches/f
 TRACE_ENV = "DSPARK_STEP_TRACE"  # a directory: every engine step as a JSON line (ledger_scheduler)
 DRIFT_ENV = "DSPARK_CONFIDENCE_DRIFT"  # "1": rescale confidences to the acceptance served
 HEAP_TRIM_ENV = "DSPARK_HEAP_TRIM"  # "1": the worker hands freed heap back (heap.py)
+LOOKUP_ENV = "DSPARK_PROMPT_LOOKUP"  # N: prompt lookup beside the drafter, n-grams <= N
+MAX_LOOKUP_NGRAM = 16
 PRICE_ENV = "DSPARK_STEP_PRICE"  # how Algorithm 1 prices a step (budget.step_prices)
 STEP_PRICES = {"hull": "the convex hull of the cheapest reachable step, the default",
                "envelope": "the cheapest reachable step alone"}
@@ -41,6 +44,30 @@ ACTIVE_ENV = "DSPARK_VLLM_ACTIVE"  # set once a dspark config is validated; inhe
 
 class DSparkConfigError(ValueError):
     pass
+
+
+def _check_prompt_lookup(dcfg: DSparkDrafterConfig, vc, model: str) -> int:
+    """DSPARK_PROMPT_LOOKUP (the longest n-gram matched; 0 or unset: off) switches prompt
+    lookup on beside the drafter (lookup.py) -> that length. An environment switch, not
+    vLLM's `prompt_lookup_max`: vLLM clears that key for every method with a draft model."""
+    raw = os.environ.get(LOOKUP_ENV, "0")
+    if not raw.isdigit() or int(raw) > MAX_LOOKUP_NGRAM:
+        raise DSparkConfigError(
+            f"{LOOKUP_ENV}={raw!r}: the longest n-gram prompt lookup matches, 1..{MAX_LOOKUP_NGRAM} "
+            f"(lookup.MAX_NGRAM = {MAX_NGRAM} is what the tables are measured to), or 0 / "
+            "unset for the drafter alone")
+    n = int(raw)
+    if n and (not dcfg.enable_confidence_head or dcfg.dspark_lookup_acceptance is None):
+        raise DSparkConfigError(
+            f"{LOOKUP_ENV}={n}: the drafter at {model!r} needs a confidence head and prompt "
+            "lookup's acceptance table (dspark_lookup_acceptance in its config.json) to "
+            "choose between the two blocks; measure the table with `dspark calibrate "
+            "--lookup-only --drafter DIR --cache CACHE`")
+    if n and vc.scheduler_config.async_scheduling:
+        raise DSparkConfigError(
+            f"{LOOKUP_ENV}={n} needs synchronous scheduling (lookup reads each request's "
+            "tokens as the step leaves them); add --no-async-scheduling")
+    return n
 
 
 def _choice(name: str, default: str, meanings: dict[str, str]) -> str:
@@ -101,6 +128,8 @@ class DSparkServeConfig:
     """Drafts sampled from the draft distribution, verified with its probabilities."""
     keep_cached_block: bool = True
     """Keep the last cached prompt block vLLM drops for EAGLE-like drafters (BLOCK_DROP_ENV)."""
+    prompt_lookup_max: int = 0
+    """Prompt lookup beside the drafter up to this n-gram length (LOOKUP_ENV); 0: off."""
 
     @classmethod
     def from_vllm_config(cls, vc) -> DSparkServeConfig:
@@ -143,6 +172,7 @@ class DSparkServeConfig:
             raise DSparkConfigError(
                 f"{where} enable_adaptive_verification=true needs synchronous scheduling "
                 "(the budget reads each step's confidences); add --no-async-scheduling")
+        lookup_max = _check_prompt_lookup(dcfg, vc, str(model))
         drop = _switch(BLOCK_DROP_ENV, "0", "drop the last cached prompt block, vLLM's EAGLE "
                        "behaviour", "keep it, DSpark's default")
         # Read in the worker (proposer) and in each process (plugin); validated here, once.
@@ -165,7 +195,7 @@ class DSparkServeConfig:
                 "are, the default")
         return cls(drafter_dir=path, drafter=dcfg, num_speculative_tokens=k, adaptive=adaptive,
                    probabilistic=sc.draft_sample_method == "probabilistic",
-                   keep_cached_block=not drop)
+                   keep_cached_block=not drop, prompt_lookup_max=lookup_max)
 
     def activate(self) -> None:
         os.environ[ACTIVE_ENV] = "1"

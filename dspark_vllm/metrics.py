@@ -76,6 +76,7 @@ class DSparkStats:
         self.cost_refits = 0
         self.steps = 0
         self.skipped_drafts = 0  # steps that drafted nothing (context K/V deferred)
+        self.lookup_blocks = 0  # requests that verified prompt lookup's block (lookup.py)
         self.context_rows = {"written": 0, "dropped": 0, "owed": 0}  # the drafter's context
         self.draft_seconds = self.schedule_seconds = self.verify_seconds = 0.0
         self.budget_buckets = [0] * (len(BUDGET_BUCKETS) + 1)
@@ -120,6 +121,7 @@ class DSparkStats:
             "expected_accepted": self.expected_accepted, "accepted": self.accepted,
             "verified_requests": self.verified_requests, "nan_confidences": self.nan_confidences,
             "cost_refits": self.cost_refits, "skipped_drafts": self.skipped_drafts,
+            "lookup_blocks": self.lookup_blocks,
             "context_rows": dict(self.context_rows),
             "phase_seconds": {"draft": self.draft_seconds, "schedule": self.schedule_seconds,
                               "verify": self.verify_seconds},
@@ -173,7 +175,9 @@ class DSparkCollector:
                 ("dspark_cost_model_refits", "cost_refits", "Online refits of the cost model."),
                 ("dspark_budget_steps", "steps", "Steps the budget policy ran."),
                 ("dspark_draft_passes_skipped", "skipped_drafts",
-                 "Steps that drafted nothing (context K/V deferred): drafting did not pay.")):
+                 "Steps that drafted nothing (context K/V deferred): drafting did not pay."),
+                ("dspark_prompt_lookup_blocks", "lookup_blocks",
+                 "Request-steps that verified prompt lookup's block instead of the drafter's.")):
             yield CounterMetricFamily(name, doc, value=s.get(key, 0))
         ctx = s.get("context_rows") or {}
         rows = CounterMetricFamily("dspark_context_rows",

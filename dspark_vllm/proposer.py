@@ -8,7 +8,10 @@
     draft probabilities exact verification needs at temperature > 0;
   * per-token confidences sigmoid(w^T [h_k; W1[x_{k-1}]] / T_k) kept for the scheduler;
   * steps that draft nothing owe the drafter's context K/V instead of writing it
-    (context_debt.py): written in one batched pass when a block will read it.
+    (context_debt.py): written in one batched pass when a block will read it;
+  * with DSPARK_PROMPT_LOOKUP set, prompt lookup beside the drafter: a request verifies
+    the block its context already holds where that is expected to be accepted further
+    (lookup.py).
 """
 
 from __future__ import annotations
@@ -18,12 +21,14 @@ import logging
 import os
 import time
 
+import numpy as np
 import torch
 from vllm.v1.sample.metadata import SamplingMetadata
 from vllm.v1.spec_decode.dflash import DFlashProposer
 
+from . import lookup
 from .block_graph import BlockGraphs
-from .config import DEFER_ENV, GRAPHS_ENV, HEAP_TRIM_ENV
+from .config import DEFER_ENV, GRAPHS_ENV, HEAP_TRIM_ENV, LOOKUP_ENV
 from .context_debt import ContextDebt, Rows
 from .heap import HeapTrimmer
 from .sequential import sample_block
@@ -76,6 +81,14 @@ class DSparkProposer(DFlashProposer):
         # holes they leave back (heap.py).
         self._heap = HeapTrimmer() if device.type == "cpu" and \
             os.environ.get(HEAP_TRIM_ENV, "0") == "1" else None  # validated in config.py
+        # Prompt lookup (validated in config.py: a confidence head and a measured table).
+        self._lookup_max = int(os.environ.get(LOOKUP_ENV, "0"))
+        self._lookup_table = getattr(hf, "dspark_lookup_acceptance", None) \
+            if self._lookup_max else None
+        self._sampled: torch.Tensor | None = None  # [B, K + 1] this step's verdict, -1 rejected
+        self._greedy_conf: torch.Tensor | None = None  # [B, K] what lookup's choice reads
+        self._discard: torch.Tensor | None = None  # [B] bool: no token sampled (partial prefill)
+        self.lookup_blocks = 0  # requests that verified the lookup block, so far
 
     def model_returns_tuple(self) -> bool:
         return False  # the DFlash-style backbone returns one hidden-state tensor
@@ -97,10 +110,44 @@ class DSparkProposer(DFlashProposer):
             self.context_rows_written += hidden.shape[0]
             out = super().propose(num_speculative_tokens, target_hidden_states=hidden,
                                   common_attn_metadata=common_attn_metadata, **kwargs)
+            if self._lookup_table is not None and self._sampled is not None:
+                self._splice_lookup(out)
+        self._sampled = None
         self.last_draft_seconds = time.perf_counter() - t0
         if self._heap is not None:
             self._heap.maybe_trim()
         return out
+
+    # ------------------------------------------------------------ prompt lookup
+    def prepare_next_token_ids_padded(self, sampled_token_ids, requests, gpu_input_batch,
+                                      discard_request_mask):
+        """The runner calls this just before propose() with the step's sampled tokens
+        [B, K + 1] (-1 where rejected): keep them, lookup's context ends with them."""
+        self._sampled, self._discard = sampled_token_ids, discard_request_mask
+        return super().prepare_next_token_ids_padded(sampled_token_ids, requests,
+                                                     gpu_input_batch, discard_request_mask)
+
+    def _splice_lookup(self, drafts: torch.Tensor) -> None:
+        """drafts: [B, K] the drafter's block -> the lookup block where it is expected to be
+        accepted further. Each request's context: the tokens its input batch row holds
+        (prompt and every earlier output; synchronous scheduling appends this step's only
+        after drafting) and this step's accepted tokens."""
+        if self.last_confidences is None or self._runner is None:
+            return
+        batch = self._runner.input_batch
+        b = drafts.shape[0]
+        sampled = self._sampled[:b].cpu().numpy()
+        discard = self._discard[:b].cpu().numpy()
+        contexts = []
+        for i in range(b):
+            new = sampled[i][sampled[i] >= 0]
+            n = int(batch.num_tokens_no_spec[i])
+            contexts.append(None if discard[i] or not len(new) else
+                            np.concatenate([batch.token_ids_cpu[i, :n], new]))
+        probs = self._last_draft_probs
+        self.lookup_blocks += lookup.splice_block(
+            drafts, self.last_confidences, None if probs is None else probs[:b], contexts,
+            self._lookup_table, max_n=self._lookup_max, decide=self._greedy_conf)
 
     def _req_ids(self, batch_size: int) -> list[str]:
         if self._runner is None:  # built outside a model runner: no names, one anonymous owner
@@ -186,7 +233,9 @@ class DSparkProposer(DFlashProposer):
                            self._conf_temps[:k], want_probs=probabilistic,
                            target_vocab_size=self.vllm_config.model_config.get_vocab_size(),
                            positions=self.positions[: b * k].view(b, k),
-                           graphs=self._block_graphs)
+                           graphs=self._block_graphs,
+                           greedy_confidence=self._lookup_table is not None)
         self.last_confidences = None if out.confidence is None else out.confidence.float().cpu()
+        self._greedy_conf = out.greedy_confidence
         probs = None if out.probs is None else out.probs.flatten(0, 1)
         return out.tokens.flatten(), probs

@@ -127,6 +127,8 @@ class DSparkScheduler(LedgerScheduler):
         rows = getattr(draft_token_ids, "dspark_context_rows", None)
         if rows is not None:
             self.stats.context_rows = dict(zip(("written", "dropped", "owed"), rows))
+        self.stats.lookup_blocks = getattr(draft_token_ids, "dspark_lookup_blocks",
+                                           self.stats.lookup_blocks)
         self.stats.draft_seconds += draft_s
         self.stats.verify_seconds -= draft_s  # the step time measured below includes drafting
         self._observe_costs(draft_s)

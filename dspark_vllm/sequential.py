@@ -21,6 +21,9 @@ class SampledBlock:
     tokens: torch.Tensor  # [B, K] target-vocabulary ids
     probs: torch.Tensor | None  # [B, K, V_target] draft distribution (probabilistic drafting)
     confidence: torch.Tensor | None  # [B, K] calibrated sigmoid of the confidence head
+    # [B, K] the greedy chain's confidences when asked (`greedy_confidence`): they read no
+    # sampled token, so prompt lookup's choice made on them keeps sampling exact (lookup.py).
+    greedy_confidence: torch.Tensor | None = None
 
 
 def _draft_to_target_columns(model, vd: int, device) -> torch.Tensor | None:
@@ -41,6 +44,7 @@ def sample_block(
     target_vocab_size: int,
     positions: torch.Tensor | None = None,  # [B, K] token positions (keys the random stream)
     graphs: BlockGraphs | None = None,  # replay the walk from CUDA graphs where it can
+    greedy_confidence: bool = False,  # also the greedy chain's confidences (prompt lookup)
 ) -> SampledBlock:
     b, k, _ = h.shape
     base = model.compute_draft_logits(h.flatten(0, 1)).view(b, k, -1)  # [B, K, Vd]
@@ -65,7 +69,11 @@ def sample_block(
                head.markov_w1.weight.data_ptr(), head.markov_w2.weight.data_ptr(),
                conf_temps.data_ptr())  # the graph reads these tensors where they lie
         tokens, probs, conf = graphs.run(key, inputs, walk)
-    return SampledBlock(tokens=tokens, probs=probs, confidence=conf)
+    gconf = None
+    if greedy_confidence:  # a sampled block's own confidences read its tokens: walk greedily
+        gconf = conf if greedy else _walk(model, conf_temps[:k], False, target_vocab_size,
+                                          base=base, anchor=anchor, h=h)[2]
+    return SampledBlock(tokens=tokens, probs=probs, confidence=conf, greedy_confidence=gconf)
 
 
 def _walk(model, conf_temps: torch.Tensor, want_probs: bool, target_vocab_size: int, *,

@@ -136,6 +136,29 @@ def test_adaptive_budget_needs_synchronous_scheduling(target, good):
         DSparkServeConfig.from_vllm_config(vc)
 
 
+def test_prompt_lookup_switch_is_validated_and_needs_the_table(target, good, tmp_path,
+                                                              monkeypatch):
+    import json
+    import shutil
+
+    from dspark_vllm.config import DSparkServeConfig
+
+    spec = {"method": "dspark", "model": good, "num_speculative_tokens": 4}
+    assert DSparkServeConfig.from_vllm_config(_build(target, spec)).prompt_lookup_max == 0
+    monkeypatch.setenv("DSPARK_PROMPT_LOOKUP", "6")
+    assert DSparkServeConfig.from_vllm_config(_build(target, spec)).prompt_lookup_max == 6
+    for bad in ("yes", "-1", "99"):
+        monkeypatch.setenv("DSPARK_PROMPT_LOOKUP", bad)
+        _refused(target, spec, f"DSPARK_PROMPT_LOOKUP={bad!r}")
+    monkeypatch.setenv("DSPARK_PROMPT_LOOKUP", "6")
+    bare = tmp_path / "no-table"
+    shutil.copytree(good, bare)
+    cfg = json.loads((bare / "config.json").read_text())
+    cfg.pop("dspark_lookup_acceptance", None)
+    (bare / "config.json").write_text(json.dumps(cfg))
+    _refused(target, {**spec, "model": str(bare)}, "calibrate --lookup-only")
+
+
 @pytest.mark.slow
 def test_vllm_serve_command_reports_the_bad_value(target, good):
     from dspark_vllm.serving import vllm_command

@@ -276,15 +276,25 @@ def test_streaming_and_completions_api(servers):
 
 
 # ------------------------------------------------------------ load-aware budget on
+def _has_lookup_table(drafter) -> bool:
+    return "dspark_lookup_acceptance" in json.loads((Path(drafter) / "config.json").read_text())
+
+
 @pytest.fixture(scope="module")
 def adaptive(target, drafter, tmp_path_factory):
+    """The load-aware budget, with prompt lookup beside the drafter where the drafter has
+    its table (the bundled one does): every test below runs both choices of block."""
     spec = _spec(drafter, enable_adaptive_verification=True, num_speculative_tokens=7)
-    with VllmServer(target, spec=spec, max_model_len=MAX_LEN, env={"VLLM_PLUGINS": "dspark"},
+    env = {"VLLM_PLUGINS": "dspark"}
+    if _has_lookup_table(drafter):
+        env["DSPARK_PROMPT_LOOKUP"] = "6"
+    with VllmServer(target, spec=spec, max_model_len=MAX_LEN, env=env,
                     log_path=tmp_path_factory.mktemp("logs") / "adaptive.log") as s:
         yield s
 
 
-def test_budget_greedy_outputs_identical_under_a_concurrency_ramp(adaptive, prompts, reference):
+def test_budget_greedy_outputs_identical_under_a_concurrency_ramp(adaptive, drafter, prompts,
+                                                                  reference):
     lengths, want = reference
     for conc, idx in ramp(len(prompts)):
         got = chat_all(adaptive.url, [prompts[i] for i in idx], [lengths[i] for i in idx],
@@ -292,6 +302,8 @@ def test_budget_greedy_outputs_identical_under_a_concurrency_ramp(adaptive, prom
         assert got == [want[i] for i in idx], f"mismatch at concurrency {conc}"
     m = adaptive.metrics()
     assert metric_sum(m, "dspark_budget_steps_total") > 0
+    if _has_lookup_table(drafter):  # the prompts' copies were verified
+        assert metric_sum(m, "dspark_prompt_lookup_blocks_total") > 0
     assert metric_sum(m, "dspark_draft_tokens_admitted_total") + \
         metric_sum(m, "dspark_draft_tokens_dropped_total") == \
         metric_sum(m, "dspark_draft_tokens_drafted_total")
