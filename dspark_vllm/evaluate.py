@@ -48,7 +48,7 @@ class DSparkAdapter:
 
     def __init__(self, drafter, prompt_lookup: bool = False) -> None:
         self.drafter, self.block = drafter, drafter.cfg.block_size
-        self.table = None
+        self.table = self.sampled_table = None
         if prompt_lookup:
             if drafter.confidence_head is None or drafter.cfg.dspark_lookup_acceptance is None:
                 raise ValueError(
@@ -56,6 +56,7 @@ class DSparkAdapter:
                     "(dspark_lookup_acceptance in its config.json: `dspark calibrate "
                     "--lookup-only --drafter DIR --cache CACHE` measures it)")
             self.table = drafter.cfg.dspark_lookup_acceptance
+            self.sampled_table = drafter.cfg.dspark_lookup_acceptance_sampled
         self.lookup_rounds = 0  # rounds that verified the lookup block
         # [V] bool: the target ids the drafter can propose (its reduced draft vocabulary);
         # None when it drafts over the whole vocabulary.
@@ -75,7 +76,9 @@ class DSparkAdapter:
             drafts, q = drafts.clone(), q.clone()
             self.lookup_rounds += lookup.splice_block(drafts, d.confidence.clone(), q,
                                                       [np.asarray(tokens)], self.table,
-                                                      decide=d.greedy_confidence)
+                                                      decide=d.greedy_confidence,
+                                                      sampled_rows=[t > 0],
+                                                      sampled_table=self.sampled_table)
         return drafts, q
 
 

@@ -89,24 +89,29 @@ def splice_block(
     max_n: int = MAX_NGRAM,
     min_n: int = 1,
     decide: torch.Tensor | None = None,  # [B, K] confidences that read no sampled token
+    sampled_rows: Sequence[bool] | None = None,  # [B] requests sampling at temperature > 0
+    sampled_table: list[list[float]] | None = None,  # their table (None: no lookup for them)
 ) -> int:
     """Per request, the lookup block where it is expected to be accepted further (its
     slots past the match keep the drafter's tokens at confidence 0) -> requests spliced.
     `decide` (default `conf`, right for greedy blocks only) are the drafter's confidences
-    the choice reads: for sampled blocks, the greedy chain's (module docstring).
+    the choice reads: for sampled blocks, the greedy chain's (module docstring). Requests
+    sampling at temperature > 0 read `sampled_table`, measured on sampled answers: a copied
+    token is accepted with the target's probability of it there, not when it is the argmax.
     Exactness: a lookup token's draft distribution is one-hot on it; the drafter's tokens
     left behind it were drawn from their own distributions, which they keep."""
     k = drafts.shape[1]
     decide = conf if decide is None else decide
     spliced = 0
     for i, ctx in enumerate(contexts):
-        if ctx is None:
+        tbl = sampled_table if sampled_rows is not None and sampled_rows[i] else table
+        if ctx is None or tbl is None:
             continue
         draft, n = propose(ctx, k, max_n)
         m = len(draft)
         if n < min_n or m == 0:
             continue
-        lc = slot_acceptance(table, n, m, k)
+        lc = slot_acceptance(tbl, n, m, k)
         if not prefer_lookup(decide[i].double().cpu().numpy(), lc):
             continue
         ids = torch.from_numpy(np.ascontiguousarray(draft)).to(drafts.device, drafts.dtype)

@@ -31,7 +31,7 @@ from .block_graph import BlockGraphs
 from .config import DEFER_ENV, GRAPHS_ENV, HEAP_TRIM_ENV, LOOKUP_ENV
 from .context_debt import ContextDebt, Rows
 from .heap import HeapTrimmer
-from .sequential import sample_block
+from .sequential import GREEDY_EPS, sample_block
 
 log = logging.getLogger("vllm.dspark.proposer")
 
@@ -87,6 +87,8 @@ class DSparkProposer(DFlashProposer):
             if self._lookup_max else None
         self._sampled: torch.Tensor | None = None  # [B, K + 1] this step's verdict, -1 rejected
         self._greedy_conf: torch.Tensor | None = None  # [B, K] what lookup's choice reads
+        self._row_sampled: np.ndarray | None = None  # [B] bool: samples at temperature > 0
+        self._lookup_sampled = getattr(hf, "dspark_lookup_acceptance_sampled", None)
         self._discard: torch.Tensor | None = None  # [B] bool: no token sampled (partial prefill)
         self.lookup_blocks = 0  # requests that verified the lookup block, so far
 
@@ -147,7 +149,8 @@ class DSparkProposer(DFlashProposer):
         probs = self._last_draft_probs
         self.lookup_blocks += lookup.splice_block(
             drafts, self.last_confidences, None if probs is None else probs[:b], contexts,
-            self._lookup_table, max_n=self._lookup_max, decide=self._greedy_conf)
+            self._lookup_table, max_n=self._lookup_max, decide=self._greedy_conf,
+            sampled_rows=self._row_sampled, sampled_table=self._lookup_sampled)
 
     def _req_ids(self, batch_size: int) -> list[str]:
         if self._runner is None:  # built outside a model runner: no names, one anonymous owner
@@ -237,5 +240,7 @@ class DSparkProposer(DFlashProposer):
                            greedy_confidence=self._lookup_table is not None)
         self.last_confidences = None if out.confidence is None else out.confidence.float().cpu()
         self._greedy_conf = out.greedy_confidence
+        self._row_sampled = None if sampling_metadata.all_greedy else \
+            (sampling_metadata.temperature[:b] >= GREEDY_EPS).cpu().numpy()
         probs = None if out.probs is None else out.probs.flatten(0, 1)
         return out.tokens.flatten(), probs

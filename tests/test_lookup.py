@@ -103,6 +103,23 @@ def test_splice_block_keeps_the_drafter_past_a_short_match_at_zero_confidence():
                                [np.array([5, 6, 9, 5, 6])], [[1.0] * 4] * 2, min_n=3) == 0
 
 
+def test_requests_that_sample_read_the_sampled_table():
+    ctx = [np.array([5, 6, 9, 5, 6])] * 3
+    greedy, sampled = [[0.9] * 4] * 2, [[0.3] * 4] * 2
+    drafts = torch.tensor([[11, 12, 13, 14]] * 3)
+    conf = torch.full((3, 4), 0.2)
+    rows = [False, True, True]
+    # Row 0 greedy: the greedy table wins; row 1 samples and, with no sampled table, keeps
+    # the drafter's block; row 2 likewise without one.
+    assert lookup.splice_block(drafts.clone(), conf.clone(), None, ctx, greedy,
+                               sampled_rows=rows) == 1
+    d, c = drafts.clone(), conf.clone()
+    assert lookup.splice_block(d, c, None, ctx, greedy, sampled_rows=rows,
+                               sampled_table=sampled) == 3
+    assert c[0].tolist()[:3] == pytest.approx([0.9] * 3)
+    assert c[1].tolist()[:3] == pytest.approx([0.3] * 3)
+
+
 def test_the_evaluator_with_lookup_decodes_greedy_exactly(tiny_target):
     from dspark_vllm.evaluate import DSparkAdapter, SpecDecoder
 
@@ -217,11 +234,12 @@ def test_calibrate_lookup_measures_the_cache_answers_and_keeps_the_temperatures(
     answers = [(np.asarray(cache.tokens[cache.info.offsets[i]:cache.info.offsets[i + 1]]),
                 cache.info.prompt_lens[i]) for i in _calibration_seqs(cache, 0.05)]
     want, blocks = lookup.measure_table(answers, 4)
-    assert rep["table"] == want and rep["blocks_per_match_length"] == blocks
+    assert rep["lookup"]["table"] == want and rep["lookup"]["blocks_per_match_length"] == blocks
     assert max(max(r) for r in want) > 0.5  # the repeated phrases were copied
     cfg = DSparkDrafterConfig.load(out)
     assert cfg.dspark_lookup_acceptance == want
     assert cfg.dspark_confidence_temperatures == [0.5, 1.0, 1.5, 2.0]
+    assert cfg.dspark_lookup_acceptance_sampled is None  # every answer here was greedy
     saved = json.loads((out / "calibration.json").read_text())
     assert saved["auc_mean"] == 0.9 and saved["lookup"]["table"] == want
     load_drafter(out, tiny_target.get_input_embeddings().weight,

@@ -64,6 +64,9 @@ class DSparkDrafterConfig:
     """Prompt lookup's acceptance table (lookup.py): row n - 1, slot j = acceptance at slot j
     given slots < j accepted, for a longest match of n tokens (written by `dspark calibrate`;
     upstream vLLM ignores the key)."""
+    dspark_lookup_acceptance_sampled: list[list[float]] | None = None
+    """The same measured on answers sampled at temperature > 0 (read for requests that
+    sample; absent: prompt lookup only for greedy requests)."""
 
     def __post_init__(self) -> None:
         self.target_layer_ids = [int(i) for i in self.target_layer_ids]
@@ -102,15 +105,16 @@ class DSparkDrafterConfig:
         if temps is not None and (len(temps) != self.block_size or min(temps) <= 0):
             raise bad("dspark_confidence_temperatures",
                       f"needs {self.block_size} positive temperatures (one per position)")
-        table = self.dspark_lookup_acceptance
-        if table is not None and not (
-                isinstance(table, list) and table
-                and all(isinstance(r, list) and len(r) == self.block_size for r in table)
-                and all(isinstance(x, (int, float)) and 0 <= x <= 1 for r in table for x in r)):
-            raise bad("dspark_lookup_acceptance",
-                      f"needs one row per match length (at least one), each {self.block_size} "
-                      "acceptance rates in [0, 1]; run `dspark calibrate --lookup-only` to "
-                      "measure it")
+        for key in ("dspark_lookup_acceptance", "dspark_lookup_acceptance_sampled"):
+            table = getattr(self, key)
+            if table is not None and not (
+                    isinstance(table, list) and table
+                    and all(isinstance(r, list) and len(r) == self.block_size for r in table)
+                    and all(isinstance(x, (int, float)) and 0 <= x <= 1
+                            for r in table for x in r)):
+                raise bad(key, f"needs one row per match length (at least one), each "
+                          f"{self.block_size} acceptance rates in [0, 1]; run `dspark "
+                          "calibrate --lookup-only` to measure it")
         if self.draft_vocab_size is not None and not \
                 0 < self.draft_vocab_size <= self.vocab_size:
             raise bad("draft_vocab_size", f"must be in (0, vocab_size={self.vocab_size}]")
@@ -158,7 +162,7 @@ class DSparkDrafterConfig:
         """config.json contents that both HF `Qwen3Config` and vLLM accept."""
         d = dataclasses.asdict(self)
         for key in ("draft_vocab_size", "dspark_confidence_temperatures",
-                    "dspark_lookup_acceptance"):
+                    "dspark_lookup_acceptance", "dspark_lookup_acceptance_sampled"):
             if d[key] is None:
                 del d[key]
         d.update(
