@@ -113,7 +113,7 @@ def _demo(a: argparse.Namespace) -> None:
     from .demo import run_demo
 
     run_demo(a.drafter, a.num_speculative_tokens, not a.fixed, a.max_tokens, a.log, a.dtype,
-             a.eager)
+             a.eager, not a.no_prompt_lookup)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -220,6 +220,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--drafter", default=None, help="drafter directory (default: bundled)")
     s.add_argument("--num-speculative-tokens", type=int, default=5)
     s.add_argument("--fixed", action="store_true", help="fixed draft length, no load-aware budget")
+    s.add_argument("--no-prompt-lookup", action="store_true",
+                   help="the drafter alone (default: prompt lookup beside it, DSPARK_PROMPT_LOOKUP)")
     s.add_argument("--max-tokens", type=int, default=160)
     s.add_argument("--log", default="dspark-demo-server.log", help="server log file")
     s.add_argument("--dtype", default="auto", choices=DTYPES,

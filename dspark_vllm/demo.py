@@ -6,8 +6,11 @@ from __future__ import annotations
 import json
 import shlex
 import time
+from pathlib import Path
 
+from .config import LOOKUP_ENV
 from .hardware import preferred_dtype
+from .lookup import MAX_NGRAM
 from .serving import BUNDLED_DRAFTER, VllmServer, acceptance_length, metric_sum
 from .target import prepare_target
 
@@ -21,12 +24,13 @@ QUESTIONS = [
 
 def run_demo(drafter: str | None = None, num_speculative_tokens: int = 5,
              adaptive: bool = True, max_tokens: int = 160, log_path: str | None = None,
-             dtype: str = "auto", eager: bool = False) -> dict:
+             dtype: str = "auto", eager: bool = False, prompt_lookup: bool = True) -> dict:
     """Served as `vllm serve` serves by default: compiled (torch.compile; on a 2-core CPU the
     first start compiles for a few minutes, later starts reuse vLLM's cache), in bfloat16
     where the CPU computes it natively. `eager` (--enforce-eager) starts in seconds; served
     eagerly, plain decoding ran ~10% slower and DSpark 0-4% (README, "Compiled, as `vllm
-    serve` runs by default")."""
+    serve` runs by default"). `prompt_lookup`: prompt lookup beside the drafter where the
+    drafter has its table (DSPARK_PROMPT_LOOKUP, lookup.py)."""
     from openai import OpenAI
 
     target = prepare_target()
@@ -38,8 +42,14 @@ def run_demo(drafter: str | None = None, num_speculative_tokens: int = 5,
     spec = {"method": "dspark", "model": drafter,
             "num_speculative_tokens": num_speculative_tokens,
             "enable_adaptive_verification": adaptive}
-    server = VllmServer(target, spec=spec, log_path=log_path, dtype=dtype, enforce_eager=eager)
-    print("$ " + " ".join(shlex.quote(c) for c in server.cmd[:1] + server.cmd[1:]), flush=True)
+    env = {}
+    if prompt_lookup and "dspark_lookup_acceptance" in json.loads(
+            (Path(drafter) / "config.json").read_text()):
+        env[LOOKUP_ENV] = str(MAX_NGRAM)
+    server = VllmServer(target, spec=spec, log_path=log_path, dtype=dtype, enforce_eager=eager,
+                        env=env)
+    print("$ " + " ".join([f"{k}={v}" for k, v in env.items()]
+                          + [shlex.quote(c) for c in server.cmd]), flush=True)
     t0 = time.time()
     with server:
         print(f"server healthy after {time.time() - t0:.0f}s at {server.url}", flush=True)
@@ -68,6 +78,7 @@ def run_demo(drafter: str | None = None, num_speculative_tokens: int = 5,
         "accepted_tokens": metric_sum(m, "vllm:spec_decode_num_accepted_tokens_total"),
         "dspark_admitted": metric_sum(m, "dspark_draft_tokens_admitted_total"),
         "dspark_dropped": metric_sum(m, "dspark_draft_tokens_dropped_total"),
+        "prompt_lookup_blocks": metric_sum(m, "dspark_prompt_lookup_blocks_total"),
         "dtype": dtype, "compiled": not eager, "chat_tokens": tokens, "chat_seconds": elapsed,
         "tokens_per_second_single_user": tokens / elapsed if elapsed else None,
     }

@@ -47,6 +47,12 @@ def test_the_demo_serves_compiled_in_the_preferred_dtype(served):
     assert served["enforce_eager"] is False
     assert served["dtype"] == preferred_dtype("auto") in ("bfloat16", "float32")
     assert served["spec"]["enable_adaptive_verification"] is True
+    assert served["env"] == {"DSPARK_PROMPT_LOOKUP": "6"}  # the bundled drafter has its table
+
+
+def test_the_demo_serves_the_drafter_alone_on_request(served):
+    _run(["--no-prompt-lookup"])
+    assert served["env"] == {}
 
 
 def test_the_demo_passes_eager_and_a_named_dtype(served):
