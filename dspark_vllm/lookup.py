@@ -20,7 +20,8 @@ chain's confidences, a function of the drafter's parallel pass and the anchor al
 lookup token is a deterministic proposal (draft distribution one-hot on it), so the exact
 verification rule keeps the output distributed as the target alone would produce it.
 The table a_n[j] (acceptance at slot j given slots < j accepted, for a longest match of
-length n) is measured on held-out greedy answers by `dspark calibrate` (measure_table).
+length n) is measured by `dspark calibrate` (measure_table): on held-out greedy answers, and a
+second one for requests that sample on answers sampled at temperature > 0.
 """
 
 from __future__ import annotations
@@ -126,7 +127,9 @@ def splice_block(
 
 def measure_table(sequences: Iterable[tuple[np.ndarray, int]], k: int,
                   max_n: int = MAX_NGRAM) -> tuple[list[list[float]], list[int]]:
-    """Greedy answers (tokens [L], prompt length) -> (table [max_n][k], blocks per n).
+    """Answers (tokens [L], prompt length) -> (table [max_n][k], blocks per n). On greedy
+    answers the greedy table; on sampled ones the sampled table (a copied token matches a
+    sampled continuation as often as it would be accepted there).
 
     At every answer position the longest match proposes its block; against the answer's
     own continuation, slot j counts a trial when slots < j were accepted and the block has a
