@@ -70,11 +70,12 @@ class DSparkAdapter:
         return target_features(hidden_states, self.drafter.cfg.target_layer_ids)
 
     def propose(self, feats, tokens, anchor, t, gen, num_slots):
-        d = propose(self.drafter, feats, anchor, t, gen, num_slots=num_slots)
+        d = propose(self.drafter, feats, anchor, t, gen, num_slots=num_slots,
+                    greedy_confidence=self.table is not None)
         drafts, q = d.tokens, self.drafter.to_target_probs(d.probs)  # [1, g], [1, g, V]
         if self.table is not None:  # tokens: the context up to the anchor
             drafts, q = drafts.clone(), q.clone()
-            self.lookup_rounds += lookup.splice_block(drafts, d.confidence.clone(), q,
+            self.lookup_rounds += lookup.splice_block(drafts, d.confidence, q,
                                                       [np.asarray(tokens)], self.table,
                                                       decide=d.greedy_confidence,
                                                       sampled_rows=[t > 0],

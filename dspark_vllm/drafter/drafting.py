@@ -19,8 +19,8 @@ class Draft:
     probs: torch.Tensor  # [B, G, V_draft] distribution each token was drawn from
     draft_ids: torch.Tensor  # [B, G] draft-vocabulary ids
     confidence: torch.Tensor | None  # [B, G] sigmoid of the confidence head
-    # [B, G] the greedy chain's confidences (= `confidence` when greedy): they read no
-    # sampled token, so a choice made on them keeps sampling exact (lookup.py).
+    # [B, G] the greedy chain's confidences when asked (= `confidence` when greedy): they
+    # read no sampled token, so a choice made on them keeps sampling exact (lookup.py).
     greedy_confidence: torch.Tensor | None = None
 
 
@@ -66,6 +66,7 @@ def propose(
     temperature: float = 0.0,
     generator: torch.Generator | None = None,
     num_slots: int | None = None,
+    greedy_confidence: bool = False,  # also the greedy chain's confidences (prompt lookup)
 ) -> Draft:
     """Draft `num_slots` (default gamma) tokens after the anchor."""
     b, t, _ = ctx_feats.shape
@@ -75,6 +76,7 @@ def propose(
     ctx_pos = torch.arange(t, device=ctx_feats.device).expand(b, t)
     h = drafter(ids, pos, ctx_feats, ctx_pos, block_mask(anchor_pos, t, g))
     d = sample_sequential(drafter, h, anchor, temperature, generator)
-    d.greedy_confidence = d.confidence if temperature <= 0 else \
-        sample_sequential(drafter, h, anchor, 0.0).confidence
+    if greedy_confidence:  # a sampled block's own confidences read its tokens: walk greedily
+        d.greedy_confidence = d.confidence if temperature <= 0 else \
+            sample_sequential(drafter, h, anchor, 0.0).confidence
     return d
