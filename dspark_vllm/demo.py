@@ -6,9 +6,9 @@ from __future__ import annotations
 import json
 import shlex
 import time
-from pathlib import Path
 
 from .config import LOOKUP_ENV
+from .drafter.config import DSparkDrafterConfig
 from .hardware import preferred_dtype
 from .lookup import MAX_NGRAM
 from .serving import BUNDLED_DRAFTER, VllmServer, acceptance_length, metric_sum
@@ -43,8 +43,8 @@ def run_demo(drafter: str | None = None, num_speculative_tokens: int = 5,
             "num_speculative_tokens": num_speculative_tokens,
             "enable_adaptive_verification": adaptive}
     env = {}
-    if prompt_lookup and "dspark_lookup_acceptance" in json.loads(
-            (Path(drafter) / "config.json").read_text()):
+    # Loaded through the validated config: a missing or malformed one is named here.
+    if prompt_lookup and DSparkDrafterConfig.load(drafter).dspark_lookup_acceptance is not None:
         env[LOOKUP_ENV] = str(MAX_NGRAM)
     server = VllmServer(target, spec=spec, log_path=log_path, dtype=dtype, enforce_eager=eager,
                         env=env)
