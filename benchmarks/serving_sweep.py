@@ -65,6 +65,9 @@ CONFIG_ENV = {"dspark-adaptive-stepwise-context": {"DSPARK_DEFER_CONTEXT": "0"},
               "dspark-adaptive-onednn256": {"ONEDNN_PRIMITIVE_CACHE_CAPACITY": "256"},
               # Prompt lookup beside the drafter (dspark_vllm/lookup.py; needs its table).
               "dspark-adaptive-lookup": {"DSPARK_PROMPT_LOOKUP": "6"}}
+# Each fixed draft length with prompt lookup beside the drafter, run only when named
+# (dspark-k3-lookup, say): the budget with lookup measured against fixed lengths with it.
+LOOKUP = "-lookup"
 # A/A control, run only when named: a second, identical plain server. On this CPU two
 # copies of one server differ by up to ~1.2x at 16 requests (a server instance keeps a speed
 # of its own), so its ratio to no-spec is the noise floor any A/B ratio must clear.
@@ -91,6 +94,7 @@ def configs(dspark: str, mtp1: str, fixed: tuple[int, ...],
         c["mtp-1"] = {"method": "eagle", "model": mtp1, "num_speculative_tokens": 1}
     for k in fixed:
         c[f"dspark-k{k}"] = {"method": "dspark", "model": dspark, "num_speculative_tokens": k}
+        c[f"dspark-k{k}{LOOKUP}"] = dict(c[f"dspark-k{k}"])
     c["dspark-adaptive"] = {"method": "dspark", "model": dspark, "num_speculative_tokens": 7,
                             "enable_adaptive_verification": True}
     for name in CONFIG_ENV:
@@ -106,6 +110,18 @@ def configs(dspark: str, mtp1: str, fixed: tuple[int, ...],
     if drafter_b:  # a drafter A/B: the budget on a second drafter, beside the first
         c[DRAFTER_B] = {**c["dspark-adaptive"], "model": drafter_b}
     return c
+
+
+def named_only(name: str) -> bool:
+    """Whether a configuration runs only when --only names it (the A/Bs and controls)."""
+    return name in NAMED_ONLY or name.endswith(LOOKUP)
+
+
+def server_env(name: str) -> dict[str, str]:
+    """The environment a configuration's server adds to the defaults."""
+    if name in CONFIG_ENV:
+        return CONFIG_ENV[name]
+    return CONFIG_ENV["dspark-adaptive-lookup"] if name.endswith(LOOKUP) else {}
 
 
 def server_groups(names: list[str], interleave: bool, instances: int) -> list[list[str]]:
@@ -233,7 +249,7 @@ def _server(target, name, spec, out, args, instance: int = 0) -> VllmServer:
                       # every server, plain included, free of CPython's frame-stack cliff
                       # (patches/frame_stack.py), so none wins or loses by its call depth
                       env={"VLLM_PLUGINS": "dspark", FRAME_STACK_ENV: "1",
-                           **CONFIG_ENV.get(name, {})},
+                           **server_env(name)},
                       args=extra)
 
 
@@ -255,7 +271,7 @@ def run_sweep(args) -> dict:
     if args.only:
         cfgs = {k: v for k, v in cfgs.items() if k in args.only}
     else:  # the A/B variants only when named
-        cfgs = {k: v for k, v in cfgs.items() if k not in NAMED_ONLY}
+        cfgs = {k: v for k, v in cfgs.items() if not named_only(k)}
     done = json.loads((out / "sweep.json").read_text())["results"] \
         if (out / "sweep.json").is_file() and args.resume else {}
     results = {k: r for k, r in done.items() if r.get("instances", 1) >= args.instances}

@@ -556,3 +556,26 @@ def test_soak_memory_reads_as_one_mean_a_minute():
                (250.0, 50 * mb)]  # minutes 0, 0, 0, 1, 2 of the run
     assert rss_by_minute(samples) == [20.0, 40.0, 50.0]
     assert rss_by_minute([]) == []
+
+
+def test_fixed_lengths_with_prompt_lookup_are_named_only_and_serve_with_the_switch(tmp_path):
+    """dspark-kK-lookup: the fixed length K with DSPARK_PROMPT_LOOKUP on, run only when named,
+    so the budget with lookup meets fixed lengths with lookup; the plain fixed length and the
+    budget keep the defaults."""
+    import argparse
+
+    from benchmarks.serving_sweep import _server, configs, named_only
+
+    cfgs = configs("A", "no-head-here", (3, 5))
+    args = argparse.Namespace(eager=True, prefix_caching=False, executor=None, ledger=False,
+                              dtype="float32", concurrency=[1])
+
+    def env(name):
+        return _server("T", name, cfgs[name], tmp_path, args).env.get("DSPARK_PROMPT_LOOKUP")
+
+    for k in (3, 5):
+        assert cfgs[f"dspark-k{k}-lookup"] == cfgs[f"dspark-k{k}"]
+        assert named_only(f"dspark-k{k}-lookup") and not named_only(f"dspark-k{k}")
+        assert env(f"dspark-k{k}-lookup") == "6" and env(f"dspark-k{k}") is None
+    assert env("dspark-adaptive-lookup") == "6" and env("dspark-adaptive") is None
+    assert not named_only("no-spec") and not named_only("dspark-adaptive")
