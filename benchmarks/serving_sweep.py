@@ -62,12 +62,11 @@ CONFIG_ENV = {"dspark-adaptive-stepwise-context": {"DSPARK_DEFER_CONTEXT": "0"},
               "dspark-adaptive-envelope": {"DSPARK_STEP_PRICE": "envelope"},
               "dspark-adaptive-warm4": {"DSPARK_GATE_WARM_BURSTS": "4"},
               "dspark-adaptive-onednn1024": {"ONEDNN_PRIMITIVE_CACHE_CAPACITY": "1024"},
-              "dspark-adaptive-onednn256": {"ONEDNN_PRIMITIVE_CACHE_CAPACITY": "256"},
-              # Prompt lookup beside the drafter (dspark_vllm/lookup.py; needs its table).
-              "dspark-adaptive-lookup": {"DSPARK_PROMPT_LOOKUP": "6"}}
-# Each fixed draft length with prompt lookup beside the drafter, run only when named
-# (dspark-k3-lookup, say): the budget with lookup measured against fixed lengths with it.
-LOOKUP = "-lookup"
+              "dspark-adaptive-onednn256": {"ONEDNN_PRIMITIVE_CACHE_CAPACITY": "256"}}
+# Prompt lookup beside the drafter (dspark_vllm/lookup.py; needs its table), run only when
+# named: the budget and each fixed length with "-lookup" appended (dspark-adaptive-lookup,
+# dspark-k3-lookup) serve with this switch, so the budget meets fixed lengths on equal terms.
+LOOKUP, LOOKUP_SWITCH = "-lookup", {"DSPARK_PROMPT_LOOKUP": "6"}
 # A/A control, run only when named: a second, identical plain server. On this CPU two
 # copies of one server differ by up to ~1.2x at 16 requests (a server instance keeps a speed
 # of its own), so its ratio to no-spec is the noise floor any A/B ratio must clear.
@@ -97,6 +96,7 @@ def configs(dspark: str, mtp1: str, fixed: tuple[int, ...],
         c[f"dspark-k{k}{LOOKUP}"] = dict(c[f"dspark-k{k}"])
     c["dspark-adaptive"] = {"method": "dspark", "model": dspark, "num_speculative_tokens": 7,
                             "enable_adaptive_verification": True}
+    c["dspark-adaptive" + LOOKUP] = dict(c["dspark-adaptive"])
     for name in CONFIG_ENV:
         c[name] = dict(c["dspark-adaptive"])
     c["vllm-batch-schedule"] = {"method": "dspark", "model": dspark, "num_speculative_tokens": 7,
@@ -119,9 +119,7 @@ def named_only(name: str) -> bool:
 
 def server_env(name: str) -> dict[str, str]:
     """The environment a configuration's server adds to the defaults."""
-    if name in CONFIG_ENV:
-        return CONFIG_ENV[name]
-    return CONFIG_ENV["dspark-adaptive-lookup"] if name.endswith(LOOKUP) else {}
+    return {**CONFIG_ENV.get(name, {}), **(LOOKUP_SWITCH if name.endswith(LOOKUP) else {})}
 
 
 def server_groups(names: list[str], interleave: bool, instances: int) -> list[list[str]]:
